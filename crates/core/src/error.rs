@@ -1,0 +1,121 @@
+//! Error types of the runtime and of the connector traits.
+
+use crate::record::CheckpointId;
+
+/// An error reported by a connector (source or sink). Connectors classify their
+/// failures so the runtime knows whether retrying can help.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectorError {
+    /// A failure that may go away (network, service restarting, lock timeout).
+    /// The runtime fails the current attempt and restarts the pipeline from the
+    /// last complete checkpoint, following the restart strategy.
+    #[error("transient failure in {context}: {message}")]
+    Transient { context: String, message: String },
+    /// A failure that retrying will not fix (bad configuration, wrong server
+    /// settings, permission denied). The pipeline stops with this error.
+    #[error("{context}: {message}")]
+    Fatal { context: String, message: String },
+    /// Data of a pre-committed checkpoint could not be committed and is gone
+    /// (e.g. a transaction timed out on the server). Never silent.
+    #[error("data of checkpoint {checkpoint} was lost in {context}: {message}")]
+    DataLoss {
+        context: String,
+        checkpoint: CheckpointId,
+        message: String,
+    },
+}
+
+impl ConnectorError {
+    /// A transient error.
+    pub fn transient(context: impl Into<String>, message: impl ToString) -> Self {
+        ConnectorError::Transient {
+            context: context.into(),
+            message: message.to_string(),
+        }
+    }
+
+    /// A fatal error.
+    pub fn fatal(context: impl Into<String>, message: impl ToString) -> Self {
+        ConnectorError::Fatal {
+            context: context.into(),
+            message: message.to_string(),
+        }
+    }
+
+    /// True when the runtime may restart and try again.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, ConnectorError::Transient { .. })
+    }
+}
+
+/// Errors of the checkpoint store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Reading or writing the checkpoint folder failed.
+    #[error("checkpoint store I/O on {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry could not be encoded.
+    #[error("checkpoint {checkpoint} could not be encoded: {message}")]
+    Encode {
+        checkpoint: CheckpointId,
+        message: String,
+    },
+    /// The latest complete checkpoint was written by a pipeline with a different
+    /// definition.
+    #[error(
+        "the latest checkpoint in {dir} (id {checkpoint}) belongs to a different pipeline definition \
+         (fingerprint {found}, this pipeline is {expected}); what changed: {changes}. \
+         Resuming could mix incompatible state. Restore the old settings, point checkpoint.dir \
+         elsewhere, or allow it explicitly (allow_fingerprint_change / --allow-fingerprint-change)"
+    )]
+    FingerprintMismatch {
+        dir: String,
+        checkpoint: CheckpointId,
+        expected: String,
+        found: String,
+        changes: String,
+    },
+}
+
+/// Errors that end a pipeline run.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// A connector failed and the restart strategy gave up (or the error was fatal).
+    #[error("pipeline {pipeline}: {source}")]
+    Connector {
+        pipeline: String,
+        #[source]
+        source: ConnectorError,
+    },
+    /// The checkpoint store failed.
+    #[error("pipeline {pipeline}: {source}")]
+    Store {
+        pipeline: String,
+        #[source]
+        source: StoreError,
+    },
+    /// Too many checkpoints failed in a row.
+    #[error(
+        "pipeline {pipeline}: {failures} consecutive checkpoints failed (tolerated: {tolerated}); last reason: {reason}"
+    )]
+    TooManyCheckpointFailures {
+        pipeline: String,
+        failures: u32,
+        tolerated: u32,
+        reason: String,
+    },
+    /// The restart strategy allows no more attempts.
+    #[error("pipeline {pipeline}: giving up after {attempts} restart attempts; last failure: {last}")]
+    RestartsExhausted {
+        pipeline: String,
+        attempts: u32,
+        last: String,
+    },
+    /// The pipeline definition is invalid.
+    #[error("pipeline configuration: {0}")]
+    Config(String),
+}

@@ -1,0 +1,32 @@
+//! # exactly-core
+//!
+//! The runtime of **exactly**: every checkpoint interval is one transaction.
+//!
+//! - [`Source`] / [`SourceFactory`]: where records come from, with replayable positions.
+//! - [`TwoPhaseCommitSink`] / [`SinkFactory`]: begin / write / pre-commit / commit / abort.
+//! - [`Coordinator`]: the checkpoint protocol as a pure state machine.
+//! - [`CheckpointStore`] / [`FsCheckpointStore`]: externalized, checksummed checkpoints.
+//! - [`Pipeline`]: runs it all, with barriers, alignment, recovery and restarts.
+
+pub mod coordinator;
+pub mod error;
+pub mod fault;
+pub mod metrics;
+pub mod pipeline;
+pub mod record;
+pub mod restart;
+pub mod sink;
+pub mod source;
+pub mod store;
+
+pub use coordinator::{
+    Action, CheckpointConfig, CheckpointData, CommitLedger, Coordinator, Event, PendingCommit, TaskId, TaskState,
+};
+pub use error::{ConnectorError, PipelineError, StoreError};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use pipeline::{route, Guarantee, Pipeline, PipelineConfig, RunSummary};
+pub use record::{CheckpointId, Record, SplitPositions};
+pub use restart::RestartStrategy;
+pub use sink::{erase, ErasedSink, SinkContext, SinkFactory, TwoPhaseCommitSink};
+pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};
+pub use store::{check_fingerprint, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore, PipelineDescriptor};

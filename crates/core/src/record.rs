@@ -1,0 +1,96 @@
+//! The unit of data that flows through a pipeline, and the small value types the
+//! runtime passes around (checkpoint ids, per-split source positions).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Identifier of a checkpoint. Within one run of a pipeline ids only grow; after a
+/// recovery from checkpoint `N` the next checkpoint is `N + 1`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CheckpointId(pub u64);
+
+impl CheckpointId {
+    /// The id that follows this one.
+    pub fn next(self) -> CheckpointId {
+        CheckpointId(self.0 + 1)
+    }
+}
+
+impl fmt::Display for CheckpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// One record. `split` and `offset` identify it deterministically in its source
+/// (a Kafka topic-partition and offset, a file and line, ...): replays produce the
+/// same pair, which is what idempotent sinks and position fences key on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The source split the record was read from (e.g. `orders-3`).
+    pub split: String,
+    /// Position of the record inside its split. The next record to read after this
+    /// one is at `offset + 1`.
+    pub offset: i64,
+    /// Optional key.
+    pub key: Option<Vec<u8>>,
+    /// Raw value bytes.
+    pub value: Vec<u8>,
+    /// Event or ingestion time in Unix milliseconds, when the source knows it.
+    pub timestamp_ms: Option<i64>,
+    /// Header name/value pairs, in source order.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Record {
+    /// A record with only split, offset and value set.
+    pub fn new(split: impl Into<String>, offset: i64, value: impl Into<Vec<u8>>) -> Self {
+        Record {
+            split: split.into(),
+            offset,
+            key: None,
+            value: value.into(),
+            timestamp_ms: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Sets the key.
+    pub fn with_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+/// Where a source stands: for every split, the offset of the **next** record to
+/// read. Serializable; stored in every checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SplitPositions(pub BTreeMap<String, i64>);
+
+impl SplitPositions {
+    /// Next offset to read for `split`, if the split has a recorded position.
+    pub fn get(&self, split: &str) -> Option<i64> {
+        self.0.get(split).copied()
+    }
+
+    /// Records that everything before `next_offset` in `split` has been read.
+    pub fn set(&mut self, split: impl Into<String>, next_offset: i64) {
+        self.0.insert(split.into(), next_offset);
+    }
+
+    /// Adds every split of `other` (its value wins where both have one).
+    pub fn merge(&mut self, other: &SplitPositions) {
+        for (k, v) in &other.0 {
+            self.0.insert(k.clone(), *v);
+        }
+    }
+
+    /// True when no split has a position.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}

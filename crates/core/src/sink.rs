@@ -1,0 +1,177 @@
+//! Sinks: where records go, with two-phase commit.
+//!
+//! A [`TwoPhaseCommitSink`] ties every checkpoint interval to one transaction:
+//!
+//! ```text
+//! begin(N) → write(txn, batch)* → pre_commit(txn) ──► committable ──► (checkpoint N persisted) ──► commit(committable)
+//!                                        └─► abort(txn) on failure before pre_commit
+//! ```
+//!
+//! The committable is serializable: it is stored in the checkpoint, so a process
+//! that restarts from that checkpoint can finish the commit with
+//! [`TwoPhaseCommitSink::recover`]. Stores without transactions use the
+//! idempotent-sink adapters instead of implementing this trait by hand.
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::ConnectorError;
+use crate::record::{CheckpointId, Record};
+
+/// What a sink subtask knows about its place in the pipeline.
+#[derive(Clone, Debug)]
+pub struct SinkContext {
+    /// The pipeline name (unique per checkpoint folder). Use it to namespace
+    /// everything the sink owns (transaction ids, pending files, gids) so recovery
+    /// can find it again.
+    pub pipeline: String,
+    /// This subtask's index, `0..parallelism`.
+    pub subtask: usize,
+    /// Number of sink subtasks.
+    pub parallelism: usize,
+    /// The pipeline's counters; sinks count dead letters here.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+/// A sink that takes part in the checkpoint's two-phase commit.
+///
+/// The runtime drives one instance per subtask, from one task (methods are never
+/// called concurrently on the same instance). Order of calls:
+/// `recover` once, then for each checkpoint interval with data
+/// `begin` → `write`* → `pre_commit`, and later `commit` for every committable
+/// whose checkpoint (or a later one) has been persisted.
+#[async_trait]
+pub trait TwoPhaseCommitSink: Send + 'static {
+    /// An open transaction (a database transaction, an open pending file...).
+    type Transaction: Send + 'static;
+    /// The serializable proof of a pre-committed transaction that is enough to
+    /// commit it later from any process: a file name, a PostgreSQL gid, a Kafka
+    /// transactional id with producer id and epoch.
+    type Committable: Serialize + DeserializeOwned + Clone + Debug + Send + Sync + 'static;
+
+    /// Called once before anything else, with the committables the restored
+    /// checkpoint lists for this subtask, oldest first (empty on a first start).
+    ///
+    /// Contract: commit every listed committable (as [`commit`](Self::commit):
+    /// idempotent, "already committed" is success) and abort every transaction
+    /// this subtask owns that the list does not name (left over by a crash). Must
+    /// be idempotent itself: a crash during recovery leads to another recovery
+    /// with the same list. No data flows until it returns.
+    async fn recover(&mut self, pending: &[Self::Committable]) -> Result<(), ConnectorError>;
+
+    /// Opens the transaction that will hold the records of the interval that ends
+    /// with checkpoint `checkpoint`. The runtime calls it lazily, before the first
+    /// `write` of an interval; an interval without records opens no transaction.
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<Self::Transaction, ConnectorError>;
+
+    /// Adds records to the open transaction. They must not become visible to
+    /// readers before `commit`. An error fails the checkpoint and aborts the
+    /// transaction.
+    async fn write(&mut self, txn: &mut Self::Transaction, batch: &[Record]) -> Result<(), ConnectorError>;
+
+    /// Makes the transaction durable without making it visible (flush, fsync,
+    /// `PREPARE TRANSACTION`) and returns its committable.
+    ///
+    /// Contract: after `pre_commit` returns `Ok`, `commit` of the returned
+    /// committable must succeed — from this process or any later one — or report
+    /// [`ConnectorError::DataLoss`]. An error here fails the checkpoint.
+    async fn pre_commit(&mut self, txn: Self::Transaction) -> Result<Self::Committable, ConnectorError>;
+
+    /// Makes a pre-committed transaction visible.
+    ///
+    /// Contract: idempotent — committing something already committed is success.
+    /// Called in checkpoint order, possibly long after `pre_commit`, possibly by
+    /// a different process after a restart (through `recover`).
+    async fn commit(&mut self, committable: &Self::Committable) -> Result<(), ConnectorError>;
+
+    /// Discards an open (not pre-committed) transaction. Best effort: anything it
+    /// leaves behind is cleaned up by the next `recover`.
+    async fn abort(&mut self, txn: Self::Transaction) -> Result<(), ConnectorError>;
+}
+
+/// Describes a sink and creates its subtasks.
+pub trait SinkFactory: Send + Sync + 'static {
+    /// A stable description of the sink's identity and the settings that affect
+    /// its state (e.g. `file:dir=/out`). Part of the pipeline fingerprint.
+    fn identity(&self) -> String;
+
+    /// Creates the sink of one subtask. Connect lazily (in `recover`).
+    fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError>;
+}
+
+/// The object-safe form of a [`TwoPhaseCommitSink`] that the runtime drives:
+/// committables travel as JSON values and the open transaction is held inside.
+/// Build one with [`erase`]; connector authors implement [`TwoPhaseCommitSink`].
+#[async_trait]
+pub trait ErasedSink: Send + 'static {
+    /// See [`TwoPhaseCommitSink::recover`].
+    async fn recover(&mut self, pending: &[serde_json::Value]) -> Result<(), ConnectorError>;
+    /// Writes records, opening the transaction for `checkpoint` first if none is open.
+    async fn write(&mut self, checkpoint: CheckpointId, batch: &[Record]) -> Result<(), ConnectorError>;
+    /// Pre-commits the open transaction, if any.
+    async fn pre_commit(&mut self) -> Result<Option<serde_json::Value>, ConnectorError>;
+    /// See [`TwoPhaseCommitSink::commit`].
+    async fn commit(&mut self, committable: &serde_json::Value) -> Result<(), ConnectorError>;
+    /// Aborts the open transaction, if any.
+    async fn abort(&mut self) -> Result<(), ConnectorError>;
+}
+
+/// Wraps a [`TwoPhaseCommitSink`] into the form the runtime drives.
+pub fn erase<S: TwoPhaseCommitSink>(sink: S) -> Box<dyn ErasedSink> {
+    Box::new(Erased { sink, open: None })
+}
+
+struct Erased<S: TwoPhaseCommitSink> {
+    sink: S,
+    open: Option<S::Transaction>,
+}
+
+fn decode<C: DeserializeOwned>(value: &serde_json::Value) -> Result<C, ConnectorError> {
+    serde_json::from_value(value.clone()).map_err(|e| {
+        ConnectorError::fatal(
+            "decoding a committable from the checkpoint",
+            format!("{e}; was the checkpoint written by a different sink type? ({value})"),
+        )
+    })
+}
+
+#[async_trait]
+impl<S: TwoPhaseCommitSink> ErasedSink for Erased<S> {
+    async fn recover(&mut self, pending: &[serde_json::Value]) -> Result<(), ConnectorError> {
+        let decoded = pending.iter().map(decode).collect::<Result<Vec<S::Committable>, _>>()?;
+        self.sink.recover(&decoded).await
+    }
+
+    async fn write(&mut self, checkpoint: CheckpointId, batch: &[Record]) -> Result<(), ConnectorError> {
+        if self.open.is_none() {
+            self.open = Some(self.sink.begin(checkpoint).await?);
+        }
+        let txn = self.open.as_mut().expect("transaction opened above");
+        self.sink.write(txn, batch).await
+    }
+
+    async fn pre_commit(&mut self) -> Result<Option<serde_json::Value>, ConnectorError> {
+        let Some(txn) = self.open.take() else {
+            return Ok(None);
+        };
+        let committable = self.sink.pre_commit(txn).await?;
+        serde_json::to_value(&committable)
+            .map(Some)
+            .map_err(|e| ConnectorError::fatal("encoding a committable", e))
+    }
+
+    async fn commit(&mut self, committable: &serde_json::Value) -> Result<(), ConnectorError> {
+        let c: S::Committable = decode(committable)?;
+        self.sink.commit(&c).await
+    }
+
+    async fn abort(&mut self) -> Result<(), ConnectorError> {
+        match self.open.take() {
+            Some(txn) => self.sink.abort(txn).await,
+            None => Ok(()),
+        }
+    }
+}

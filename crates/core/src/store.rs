@@ -1,0 +1,386 @@
+//! Externalized checkpoints.
+//!
+//! Layout: one folder per pipeline under the store root, one file per complete
+//! checkpoint named `<fingerprint>-<unix-ms>-<checkpoint-id>`:
+//!
+//! ```text
+//! /var/lib/exactly/checkpoints/orders-to-pg/9c87f7685fe0947a-1522439833113-4048
+//! ```
+//!
+//! Entries are self-describing JSON (an operator can read them with `cat`) and
+//! carry a SHA-256 checksum of their content. Writes are atomic: temporary file,
+//! fsync, rename, fsync of the folder. [`CheckpointStore::latest`] skips partial
+//! or corrupt entries.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::coordinator::CheckpointData;
+use crate::error::StoreError;
+use crate::record::CheckpointId;
+
+/// What a pipeline is made of, as far as its state is concerned. Its hash is the
+/// fingerprint that prefixes every checkpoint entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineDescriptor {
+    /// Pipeline name.
+    pub name: String,
+    /// [`crate::SourceFactory::identity`].
+    pub source: String,
+    /// [`crate::SinkFactory::identity`].
+    pub sink: String,
+    /// Number of source and of sink subtasks.
+    pub parallelism: usize,
+    /// `exactly-once` or `at-least-once`.
+    pub guarantee: String,
+}
+
+impl PipelineDescriptor {
+    /// First 16 hex digits of the SHA-256 of the descriptor's JSON.
+    pub fn fingerprint(&self) -> String {
+        let json = serde_json::to_vec(self).expect("descriptor serializes");
+        hex::encode(&Sha256::digest(&json)[..8])
+    }
+
+    /// Human-readable list of the fields that differ from `other`.
+    pub fn describe_changes(&self, other: &PipelineDescriptor) -> String {
+        let mut changes = Vec::new();
+        let mut cmp = |field: &str, old: &dyn std::fmt::Display, new: &dyn std::fmt::Display| {
+            let (old, new) = (old.to_string(), new.to_string());
+            if old != new {
+                changes.push(format!("{field} was `{old}`, is now `{new}`"));
+            }
+        };
+        cmp("name", &other.name, &self.name);
+        cmp("source", &other.source, &self.source);
+        cmp("sink", &other.sink, &self.sink);
+        cmp("parallelism", &other.parallelism, &self.parallelism);
+        cmp("guarantee", &other.guarantee, &self.guarantee);
+        if changes.is_empty() {
+            "nothing visible (the fingerprint algorithm changed)".into()
+        } else {
+            changes.join("; ")
+        }
+    }
+}
+
+/// One stored checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    /// Fingerprint of `descriptor`.
+    pub fingerprint: String,
+    /// When the entry was written, Unix milliseconds.
+    pub created_unix_ms: u64,
+    /// The pipeline that wrote it.
+    pub descriptor: PipelineDescriptor,
+    /// The checkpoint itself.
+    pub checkpoint: CheckpointData,
+}
+
+impl CheckpointEntry {
+    /// Builds an entry stamped with the current time.
+    pub fn new(descriptor: PipelineDescriptor, checkpoint: CheckpointData) -> Self {
+        CheckpointEntry {
+            fingerprint: descriptor.fingerprint(),
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or_default(),
+            descriptor,
+            checkpoint,
+        }
+    }
+
+    /// The entry's file name: `<fingerprint>-<unix-ms>-<checkpoint-id>`.
+    pub fn file_name(&self) -> String {
+        format!("{}-{}-{}", self.fingerprint, self.created_unix_ms, self.checkpoint.id)
+    }
+}
+
+/// On-disk envelope: the entry plus a checksum of its canonical encoding.
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    format: u32,
+    sha256: String,
+    entry: CheckpointEntry,
+}
+
+fn checksum(entry: &CheckpointEntry) -> String {
+    hex::encode(Sha256::digest(serde_json::to_vec(entry).expect("entry serializes")))
+}
+
+/// A listed entry name, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryName {
+    /// Fingerprint part.
+    pub fingerprint: String,
+    /// Timestamp part.
+    pub created_unix_ms: u64,
+    /// Checkpoint id part.
+    pub id: CheckpointId,
+    /// The file name.
+    pub file_name: String,
+}
+
+impl EntryName {
+    /// Parses `<fingerprint>-<unix-ms>-<checkpoint-id>`; `None` for anything else
+    /// (temporary files, foreign files).
+    pub fn parse(name: &str) -> Option<EntryName> {
+        let mut parts = name.splitn(3, '-');
+        let fingerprint = parts.next()?;
+        let ms = parts.next()?.parse().ok()?;
+        let id = parts.next()?.parse().ok()?;
+        if fingerprint.is_empty() || !fingerprint.chars().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        Some(EntryName {
+            fingerprint: fingerprint.to_string(),
+            created_unix_ms: ms,
+            id: CheckpointId(id),
+            file_name: name.to_string(),
+        })
+    }
+}
+
+/// Durable storage for complete checkpoints of one pipeline.
+///
+/// Implementations are synchronous; the runtime calls them from a blocking thread.
+pub trait CheckpointStore: Send + Sync + 'static {
+    /// Stores `entry` atomically and durably: when this returns `Ok`, a crash of
+    /// the process or the machine cannot lose or tear it. Prunes old entries
+    /// beyond the retention.
+    fn save(&self, entry: &CheckpointEntry) -> Result<(), StoreError>;
+
+    /// The newest readable entry (highest checkpoint id, then newest time),
+    /// skipping partial or corrupt ones, or `None` when there is none.
+    fn latest(&self) -> Result<Option<CheckpointEntry>, StoreError>;
+
+    /// Entry names, oldest first, including ones that may be corrupt.
+    fn list(&self) -> Result<Vec<EntryName>, StoreError>;
+
+    /// Where the entries live, for messages.
+    fn location(&self) -> String;
+}
+
+/// [`CheckpointStore`] on a local (or mounted) filesystem.
+#[derive(Clone, Debug)]
+pub struct FsCheckpointStore {
+    dir: PathBuf,
+    retain: usize,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl FsCheckpointStore {
+    /// Store for pipeline `pipeline` under `root` (entries in `root/pipeline/`),
+    /// keeping the newest `retain` entries (at least 1).
+    pub fn new(root: impl AsRef<Path>, pipeline: &str, retain: usize) -> Self {
+        FsCheckpointStore {
+            dir: root.as_ref().join(pipeline),
+            retain: retain.max(1),
+        }
+    }
+
+    /// The pipeline's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads and verifies one entry.
+    pub fn read(&self, name: &str) -> Result<CheckpointEntry, String> {
+        let path = self.dir.join(name);
+        let bytes = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let env: Envelope =
+            serde_json::from_slice(&bytes).map_err(|e| format!("{} is not a checkpoint entry: {e}", path.display()))?;
+        if checksum(&env.entry) != env.sha256 {
+            return Err(format!("{} fails its checksum", path.display()));
+        }
+        if env.entry.file_name() != name {
+            return Err(format!("{} holds entry {}", path.display(), env.entry.file_name()));
+        }
+        Ok(env.entry)
+    }
+
+    fn prune(&self) -> Result<(), StoreError> {
+        let names = self.list()?;
+        if names.len() > self.retain {
+            for n in &names[..names.len() - self.retain] {
+                let path = self.dir.join(&n.file_name);
+                fs::remove_file(&path).map_err(io_err(&path))?;
+            }
+        }
+        // Temporary files of crashed writers.
+        for e in fs::read_dir(&self.dir).map_err(io_err(&self.dir))?.flatten() {
+            if e.file_name().to_string_lossy().starts_with(".tmp-") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CheckpointStore for FsCheckpointStore {
+    fn save(&self, entry: &CheckpointEntry) -> Result<(), StoreError> {
+        fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        let name = entry.file_name();
+        let env = Envelope {
+            format: 1,
+            sha256: checksum(entry),
+            entry: entry.clone(),
+        };
+        let bytes = serde_json::to_vec_pretty(&env).map_err(|e| StoreError::Encode {
+            checkpoint: entry.checkpoint.id,
+            message: e.to_string(),
+        })?;
+        let tmp = self.dir.join(format!(".tmp-{name}"));
+        {
+            let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+            f.write_all(&bytes).map_err(io_err(&tmp))?;
+            crate::fault::point("store.before_fsync");
+            f.sync_all().map_err(io_err(&tmp))?;
+        }
+        let final_path = self.dir.join(&name);
+        fs::rename(&tmp, &final_path).map_err(io_err(&final_path))?;
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))?;
+        self.prune()
+    }
+
+    fn latest(&self) -> Result<Option<CheckpointEntry>, StoreError> {
+        for name in self.list()?.iter().rev() {
+            match self.read(&name.file_name) {
+                Ok(entry) => return Ok(Some(entry)),
+                Err(problem) => tracing::warn!(%problem, "skipping unreadable checkpoint entry"),
+            }
+        }
+        Ok(None)
+    }
+
+    fn list(&self) -> Result<Vec<EntryName>, StoreError> {
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(&self.dir)(e)),
+        };
+        let mut names = rd
+            .flatten()
+            .filter_map(|e| EntryName::parse(&e.file_name().to_string_lossy()))
+            .collect::<Vec<_>>();
+        names.sort_by_key(|n| (n.id, n.created_unix_ms));
+        Ok(names)
+    }
+
+    fn location(&self) -> String {
+        self.dir.display().to_string()
+    }
+}
+
+/// Checks that `entry` was written by the pipeline described by `current`.
+/// Returns an error naming what changed unless `allow_change` is set.
+pub fn check_fingerprint(
+    store: &dyn CheckpointStore,
+    entry: &CheckpointEntry,
+    current: &PipelineDescriptor,
+    allow_change: bool,
+) -> Result<(), StoreError> {
+    let expected = current.fingerprint();
+    if entry.fingerprint == expected {
+        return Ok(());
+    }
+    let changes = current.describe_changes(&entry.descriptor);
+    if allow_change {
+        tracing::warn!(%changes, "resuming from a checkpoint of a different pipeline definition (explicitly allowed)");
+        return Ok(());
+    }
+    Err(StoreError::FingerprintMismatch {
+        dir: store.location(),
+        checkpoint: entry.checkpoint.id,
+        expected,
+        found: entry.fingerprint.clone(),
+        changes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn descriptor() -> PipelineDescriptor {
+        PipelineDescriptor {
+            name: "p".into(),
+            source: "sequence:splits=2".into(),
+            sink: "file:dir=/out".into(),
+            parallelism: 2,
+            guarantee: "exactly-once".into(),
+        }
+    }
+
+    fn entry(id: u64) -> CheckpointEntry {
+        let mut e = CheckpointEntry::new(
+            descriptor(),
+            CheckpointData {
+                id: CheckpointId(id),
+                ..Default::default()
+            },
+        );
+        e.created_unix_ms = 1_700_000_000_000 + id;
+        e
+    }
+
+    #[test]
+    fn entries_are_named_and_the_latest_complete_one_wins() {
+        let root = tempfile::tempdir().unwrap();
+        let store = FsCheckpointStore::new(root.path(), "p", 3);
+        assert!(store.latest().unwrap().is_none());
+        for id in 1..=5 {
+            store.save(&entry(id)).unwrap();
+        }
+        let names = store.list().unwrap();
+        assert_eq!(names.iter().map(|n| n.id.0).collect::<Vec<_>>(), vec![3, 4, 5]);
+        let fp = descriptor().fingerprint();
+        assert_eq!(names[2].file_name, format!("{fp}-1700000000005-5"));
+        assert_eq!(store.latest().unwrap().unwrap().checkpoint.id, CheckpointId(5));
+    }
+
+    #[test]
+    fn corrupt_and_half_written_entries_are_skipped() {
+        let root = tempfile::tempdir().unwrap();
+        let store = FsCheckpointStore::new(root.path(), "p", 10);
+        store.save(&entry(1)).unwrap();
+        store.save(&entry(2)).unwrap();
+        // Flip a byte inside entry 2 (still valid JSON, wrong checksum).
+        let p2 = store.dir().join(entry(2).file_name());
+        let text = fs::read_to_string(&p2).unwrap().replace("\"id\": 2", "\"id\": 3");
+        fs::write(&p2, text).unwrap();
+        // A truncated entry 3.
+        let e3 = entry(3);
+        let full = fs::read(store.dir().join(entry(1).file_name())).unwrap();
+        fs::write(store.dir().join(e3.file_name()), &full[..full.len() / 2]).unwrap();
+        assert_eq!(store.latest().unwrap().unwrap().checkpoint.id, CheckpointId(1));
+    }
+
+    #[test]
+    fn fingerprint_mismatch_names_what_changed() {
+        let root = tempfile::tempdir().unwrap();
+        let store = FsCheckpointStore::new(root.path(), "p", 10);
+        let e = entry(1);
+        let mut changed = descriptor();
+        changed.parallelism = 4;
+        let err = check_fingerprint(&store, &e, &changed, false).unwrap_err().to_string();
+        assert!(err.contains("parallelism was `2`, is now `4`"), "{err}");
+        assert!(err.contains("allow_fingerprint_change"), "{err}");
+        check_fingerprint(&store, &e, &changed, true).unwrap();
+        check_fingerprint(&store, &e, &descriptor(), false).unwrap();
+    }
+}

@@ -1,0 +1,124 @@
+//! The single error type of the testkit.
+//!
+//! Every variant names what went wrong *and* how to fix it, so that a failing
+//! integration test tells the reader what to install or which environment
+//! variable to set.
+
+use std::time::Duration;
+
+/// Everything that can go wrong while starting, stopping or restarting a
+/// service.
+///
+/// `Debug` prints the same text as `Display`, so that `.expect()` and tests
+/// returning `Result` show the readable message with its fix.
+#[derive(thiserror::Error)]
+pub enum TestkitError {
+    /// A program the service needs is neither on `PATH` nor in the usual
+    /// install locations.
+    #[error("{service}: cannot find the `{binary}` program (looked in {searched}). Fix: {fix}")]
+    BinaryNotFound {
+        /// Human name of the service, e.g. `PostgreSQL`.
+        service: &'static str,
+        /// The program that is missing.
+        binary: &'static str,
+        /// Where the testkit looked.
+        searched: String,
+        /// How to install it or how to point the testkit at an existing server.
+        fix: &'static str,
+    },
+
+    /// An operating-system call failed (creating a temp dir, spawning a
+    /// process, opening a log file, ...).
+    #[error("{service}: {action} failed: {source}. Fix: {fix}")]
+    Io {
+        /// Human name of the service.
+        service: &'static str,
+        /// What the testkit was doing.
+        action: String,
+        /// How to fix it.
+        fix: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A helper command (such as `initdb` or `pg_ctl`) exited unsuccessfully.
+    #[error("{service}: `{command}` failed ({status}). Output:\n{output}\nFix: {fix}")]
+    CommandFailed {
+        /// Human name of the service.
+        service: &'static str,
+        /// The command line that failed.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// Its captured stdout and stderr (and the server log tail, if any).
+        output: String,
+        /// How to fix it.
+        fix: &'static str,
+    },
+
+    /// The service did not start accepting TCP connections in time, or its
+    /// process exited during startup.
+    #[error(
+        "{service} did not become ready on 127.0.0.1:{port} within {timeout:?}: {reason}. \
+         Log tail of {log}:\n{log_tail}\nFix: {fix}"
+    )]
+    StartFailed {
+        /// Human name of the service.
+        service: &'static str,
+        /// The loopback port it was asked to listen on.
+        port: u16,
+        /// How long the testkit waited.
+        timeout: Duration,
+        /// Why it gave up (timeout, process exited, ...).
+        reason: String,
+        /// Path of the service's log file.
+        log: String,
+        /// The last lines of that log.
+        log_tail: String,
+        /// How to fix it.
+        fix: &'static str,
+    },
+
+    /// The operation is not possible because the handle points at an
+    /// externally managed service given through an environment variable.
+    #[error(
+        "{service} at {address} comes from the environment variable {env_var}; the testkit \
+         cannot {action} a service it did not start. Fix: unset {env_var} to let the testkit \
+         start a throwaway {service}, or skip this step when `is_external()` is true"
+    )]
+    External {
+        /// Human name of the service.
+        service: &'static str,
+        /// The environment variable that supplied the address.
+        env_var: &'static str,
+        /// The address from that variable.
+        address: String,
+        /// The refused action (`stop`, `restart`).
+        action: &'static str,
+    },
+}
+
+impl TestkitError {
+    /// Whether this error looks like a lost race for a TCP port (another
+    /// process bound the port between it being picked and the service
+    /// binding it). The testkit retries such start-ups on a fresh port.
+    pub fn is_port_conflict(&self) -> bool {
+        let text = match self {
+            TestkitError::StartFailed { log_tail, .. } => log_tail,
+            TestkitError::CommandFailed { output, .. } => output,
+            _ => return false,
+        };
+        let text = text.to_ascii_lowercase();
+        text.contains("address already in use") || text.contains("addrinuse")
+    }
+}
+
+impl std::fmt::Debug for TestkitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// Short alias used throughout the crate.
+pub type Result<T, E = TestkitError> = std::result::Result<T, E>;

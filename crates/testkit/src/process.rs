@@ -1,0 +1,520 @@
+//! Plumbing shared by every service: free loopback ports, readiness polling,
+//! log tails, binary lookup, temp dirs and process-group management.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::error::{Result, TestkitError};
+use crate::handle::Lifecycle;
+
+/// How long a service may take to accept TCP connections.
+pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to wait for a port to close after a service was stopped.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// How many fresh ports a start-up tries when it loses a race for a port.
+const PORT_ATTEMPTS: usize = 3;
+const LOG_TAIL_LINES: usize = 40;
+const LOG_TAIL_BYTES: u64 = 16 * 1024;
+
+/// Ports handed out by [`free_port`] in this process, so that two services
+/// started concurrently by parallel tests never get the same one.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// Picks a currently free TCP port on 127.0.0.1.
+///
+/// The port is chosen by the operating system and is never handed out twice
+/// by the same process. Another process may still grab it before the service
+/// binds it; the service starters detect that and retry on a new port.
+pub fn free_port() -> Result<u16> {
+    for _ in 0..256 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| TestkitError::Io {
+            service: "testkit",
+            action: "binding 127.0.0.1:0 to find a free port".into(),
+            fix: "make sure the loopback interface is up and the process may open sockets",
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| TestkitError::Io {
+                service: "testkit",
+                action: "reading the address of a probe socket".into(),
+                fix: "make sure the loopback interface is up",
+                source,
+            })?
+            .port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(TestkitError::Io {
+        service: "testkit",
+        action: "finding a loopback port not used before by this process".into(),
+        fix: "run fewer services at once",
+        source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+    })
+}
+
+/// Whether something accepts TCP connections on `127.0.0.1:port` right now.
+pub fn port_accepts(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(250)).is_ok()
+}
+
+/// Waits until nothing accepts connections on `port` any more; returns
+/// whether it closed within the shutdown timeout.
+pub(crate) fn wait_port_closed(port: u16) -> bool {
+    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+    while port_accepts(port) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        sleep(POLL_INTERVAL);
+    }
+    true
+}
+
+/// The parts of a start-up error that do not change while waiting.
+pub(crate) struct Startup<'a> {
+    pub(crate) service: &'static str,
+    pub(crate) port: u16,
+    pub(crate) log: &'a Path,
+    pub(crate) fix: &'static str,
+}
+
+impl Startup<'_> {
+    /// Builds a [`TestkitError::StartFailed`] with the log tail.
+    pub(crate) fn failed(&self, reason: impl Into<String>) -> TestkitError {
+        TestkitError::StartFailed {
+            service: self.service,
+            port: self.port,
+            timeout: STARTUP_TIMEOUT,
+            reason: reason.into(),
+            log: self.log.display().to_string(),
+            log_tail: log_tail(self.log),
+            fix: self.fix,
+        }
+    }
+
+    /// Polls until the port accepts TCP connections.
+    ///
+    /// `exited` is asked on every round whether the service already died; it
+    /// returns the reason if so. The whole wait is bounded by
+    /// [`STARTUP_TIMEOUT`] counted from `started`.
+    pub(crate) fn wait_for_port(&self, started: Instant, mut exited: impl FnMut() -> Option<String>) -> Result<()> {
+        loop {
+            if let Some(reason) = exited() {
+                return Err(self.failed(reason));
+            }
+            if port_accepts(self.port) {
+                // A process that lost the race for the port dies right after
+                // start; make sure the one that answered is still ours.
+                sleep(POLL_INTERVAL * 2);
+                return match exited() {
+                    Some(reason) => Err(self.failed(reason)),
+                    None => Ok(()),
+                };
+            }
+            if started.elapsed() >= STARTUP_TIMEOUT {
+                return Err(self.failed("timed out waiting for the port to accept connections"));
+            }
+            sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+/// Runs `attempt` with a fresh free port, retrying on a new port when the
+/// attempt failed because another process took the port first.
+pub(crate) fn with_free_port<T>(service: &'static str, mut attempt: impl FnMut(u16) -> Result<T>) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let port = free_port()?;
+        match attempt(port) {
+            Err(err) if tries < PORT_ATTEMPTS && err.is_port_conflict() => {
+                tracing::warn!(service, port, "port was taken by someone else, retrying");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The last lines of a log file, or a note saying why there are none.
+pub(crate) fn log_tail(path: &Path) -> String {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) => return format!("(no log: {err})"),
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > LOG_TAIL_BYTES {
+        let _ = file.seek(SeekFrom::Start(len - LOG_TAIL_BYTES));
+    }
+    let mut bytes = Vec::new();
+    if let Err(err) = file.read_to_end(&mut bytes) {
+        return format!("(cannot read log: {err})");
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(LOG_TAIL_LINES);
+    if lines.is_empty() {
+        "(log is empty)".into()
+    } else {
+        lines[start..].join("\n")
+    }
+}
+
+/// Searches `PATH`, then `extra_dirs`, for an executable called `name`.
+pub(crate) fn find_binary(name: &str, extra_dirs: &[PathBuf]) -> Option<PathBuf> {
+    search_dirs(extra_dirs)
+        .into_iter()
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+/// `PATH`'s directories followed by `extra_dirs`.
+pub(crate) fn search_dirs(extra_dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect())
+        .unwrap_or_default();
+    dirs.extend(extra_dirs.iter().cloned());
+    dirs
+}
+
+/// Human-readable list of the places [`find_binary`] looks in.
+pub(crate) fn describe_search(extra_dirs: &[PathBuf]) -> String {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut text = format!("PATH={path}");
+    for dir in extra_dirs {
+        text.push_str(", ");
+        text.push_str(&dir.display().to_string());
+    }
+    text
+}
+
+/// Whether `path` is a regular file (after symlinks) with an execute bit.
+pub(crate) fn is_executable(path: &Path) -> bool {
+    fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Creates a fresh temp dir named `prefix*`, traversable by every user
+/// (mode 0755) so that a service running as another OS user can reach it.
+///
+/// It lives under `/tmp` when that exists (short paths keep Unix socket
+/// names under their length limit), else under the system temp dir.
+pub(crate) fn service_temp_dir(service: &'static str, prefix: &str) -> Result<TempDir> {
+    let base = Path::new("/tmp");
+    let base = if base.is_dir() {
+        base.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let io = |action: String| {
+        move |source| TestkitError::Io {
+            service,
+            action,
+            fix: "make sure /tmp (or $TMPDIR) exists and is writable",
+            source,
+        }
+    };
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&base)
+        .map_err(io(format!("creating a temp dir in {}", base.display())))?;
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
+        .map_err(io(format!("making {} traversable", dir.path().display())))?;
+    Ok(dir)
+}
+
+/// The value of an environment variable naming an external service, if it
+/// is set and not blank.
+pub(crate) fn external_address(var: &str) -> Option<String> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// Best-effort port of an address such as `postgres://u@h:5432/db`,
+/// `redis://h:6379/` or `h1:9092,h2:9092`; `default` when none is given.
+pub(crate) fn port_of_address(address: &str, default: u16) -> u16 {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let first = host_port.split(',').next().unwrap_or(host_port);
+    first
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Renders a command line for error messages and logs.
+pub(crate) fn describe_command(cmd: &Command) -> String {
+    let mut text = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        text.push(' ');
+        text.push_str(&arg.to_string_lossy());
+    }
+    text
+}
+
+/// Runs a short-lived helper command to completion, capturing its output;
+/// a non-zero exit becomes [`TestkitError::CommandFailed`] whose output also
+/// carries the tail of `log`, when given.
+pub(crate) fn run_command(
+    service: &'static str,
+    cmd: &mut Command,
+    log: Option<&Path>,
+    fix: &'static str,
+) -> Result<String> {
+    let command = describe_command(cmd);
+    tracing::debug!(service, %command, "running");
+    let output = cmd.stdin(Stdio::null()).output().map_err(|source| TestkitError::Io {
+        service,
+        action: format!("running `{command}`"),
+        fix,
+        source,
+    })?;
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    if output.status.success() {
+        return Ok(text);
+    }
+    if let Some(log) = log {
+        text.push_str(&format!("\n--- tail of {} ---\n{}", log.display(), log_tail(log)));
+    }
+    Err(TestkitError::CommandFailed {
+        service,
+        command,
+        status: output.status.to_string(),
+        output: text,
+        fix,
+    })
+}
+
+/// Sends SIGKILL to every process in the process group `pgid`.
+pub(crate) fn kill_process_group(pgid: u32) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: killpg only sends a signal; pgid is a positive group id of a
+    // process group this crate created.
+    unsafe {
+        libc::killpg(pgid, libc::SIGKILL);
+    }
+}
+
+/// A child process that leads its own process group, so that it and all of
+/// its descendants can be killed at once. Killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub(crate) struct GroupChild {
+    child: Option<Child>,
+}
+
+impl GroupChild {
+    /// Spawns `cmd` in a new process group with stdin closed and stdout and
+    /// stderr appended to `log`.
+    pub(crate) fn spawn(service: &'static str, mut cmd: Command, log: &Path) -> Result<Self> {
+        let io = |action: String, fix: &'static str| {
+            move |source| TestkitError::Io {
+                service,
+                action,
+                fix,
+                source,
+            }
+        };
+        let out = OpenOptions::new().create(true).append(true).open(log).map_err(io(
+            format!("opening log file {}", log.display()),
+            "make sure the temp dir is writable",
+        ))?;
+        let err = out.try_clone().map_err(io(
+            "duplicating the log file handle".into(),
+            "raise the open-file limit",
+        ))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        let command = describe_command(&cmd);
+        tracing::debug!(service, %command, log = %log.display(), "spawning");
+        let child = cmd.spawn().map_err(io(
+            format!("spawning `{command}`"),
+            "check that the binary is executable",
+        ))?;
+        Ok(GroupChild { child: Some(child) })
+    }
+
+    /// `Some(reason)` once the process has exited.
+    pub(crate) fn exited(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => Some(format!("the process exited early ({status})")),
+            Ok(None) => None,
+            Err(err) => Some(format!("cannot query the process: {err}")),
+        }
+    }
+
+    /// Kills the whole process group with SIGKILL and reaps the leader.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_process_group(child.id());
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for GroupChild {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Builds the argument list of a service for a given port.
+pub(crate) type ArgsForPort = Box<dyn Fn(u16) -> Vec<OsString> + Send + Sync>;
+
+/// Static description of a service that runs as one foreground process.
+pub(crate) struct ChildSpec {
+    /// Human name of the service.
+    pub(crate) service: &'static str,
+    /// The program to run.
+    pub(crate) program: PathBuf,
+    /// Its arguments, given the port to listen on.
+    pub(crate) args: ArgsForPort,
+    /// Environment variables to remove from the child's environment.
+    pub(crate) env_remove: &'static [&'static str],
+    /// Working directory of the child.
+    pub(crate) cwd: PathBuf,
+    /// File receiving the child's stdout and stderr.
+    pub(crate) log: PathBuf,
+    /// Hint shown when start-up fails.
+    pub(crate) fix: &'static str,
+}
+
+/// A service that runs as one foreground process in its own process group,
+/// on a fixed port that survives [`ChildService::restart`].
+pub(crate) struct ChildService {
+    spec: ChildSpec,
+    port: u16,
+    child: Option<GroupChild>,
+}
+
+impl ChildService {
+    /// Starts the service on a free port and waits until it accepts
+    /// connections.
+    pub(crate) fn start(spec: ChildSpec) -> Result<Self> {
+        let mut service = ChildService {
+            spec,
+            port: 0,
+            child: None,
+        };
+        with_free_port(service.spec.service, |port| {
+            service.port = port;
+            service.spawn_and_wait()
+        })?;
+        Ok(service)
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<()> {
+        let spec = &self.spec;
+        let mut cmd = Command::new(&spec.program);
+        cmd.args((spec.args)(self.port)).current_dir(&spec.cwd);
+        for var in spec.env_remove {
+            cmd.env_remove(var);
+        }
+        let started = Instant::now();
+        let mut child = GroupChild::spawn(spec.service, cmd, &spec.log)?;
+        let startup = Startup {
+            service: spec.service,
+            port: self.port,
+            log: &spec.log,
+            fix: spec.fix,
+        };
+        startup.wait_for_port(started, || child.exited())?;
+        tracing::info!(service = spec.service, port = self.port, "started");
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The port the service listens on.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Lifecycle for ChildService {
+    /// Kills the process group and waits until the port is closed.
+    fn stop(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+            if !wait_port_closed(self.port) {
+                tracing::warn!(
+                    service = self.spec.service,
+                    port = self.port,
+                    "port still open after kill"
+                );
+            }
+            tracing::info!(service = self.spec.service, port = self.port, "stopped");
+        }
+        Ok(())
+    }
+
+    /// Stops the service if it runs, then starts it again on the same port.
+    fn restart(&mut self) -> Result<()> {
+        self.stop()?;
+        self.spawn_and_wait()
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.exited().is_none())
+    }
+
+    fn log_path(&self) -> &Path {
+        &self.spec.log
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_not_handed_out_twice() {
+        let ports: BTreeSet<u16> = (0..20).map(|_| free_port().unwrap()).collect();
+        assert_eq!(ports.len(), 20);
+    }
+
+    #[test]
+    fn port_of_address_parses_common_forms() {
+        assert_eq!(port_of_address("postgres://u@h:6543/db", 5432), 6543);
+        assert_eq!(port_of_address("postgres://u:p@h/db", 5432), 5432);
+        assert_eq!(port_of_address("redis://127.0.0.1:7000/", 6379), 7000);
+        assert_eq!(port_of_address("a:9093,b:9094", 9092), 9093);
+        assert_eq!(port_of_address("broker", 9092), 9092);
+    }
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("x.log");
+        let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        fs::write(&log, text).unwrap();
+        let tail = log_tail(&log);
+        assert!(tail.ends_with("line 99"));
+        assert!(!tail.contains("line 59\n"));
+        assert!(log_tail(&dir.path().join("missing")).starts_with("(no log"));
+    }
+}

@@ -1,0 +1,265 @@
+//! Starts every real service and proves it works, without client crates:
+//! `psql` for PostgreSQL, hand-written RESP for Redis and a hand-encoded
+//! Kafka ApiVersions request for the broker.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use exactly_testkit::{port_accepts, KafkaBroker, PostgresServer, RedisServer};
+
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn init_tracing() {
+    // Logs are only shown for failing tests (captured by the harness).
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("exactly_testkit=debug")
+        .try_init();
+}
+
+// ---------------------------------------------------------------- PostgreSQL
+
+/// Runs `psql` against `url` with each of `commands` as a separate `-c`, in
+/// one session; returns stdout, or stderr on failure.
+fn psql(url: &str, commands: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new("psql");
+    cmd.arg(url)
+        .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
+        .env("PGCONNECT_TIMEOUT", "5");
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run psql (apt-get install -y postgresql-client): {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn postgres_supports_prepared_transactions_and_cleans_up() {
+    init_tracing();
+    let pg = PostgresServer::start().expect("start PostgreSQL");
+    let url = pg.url().to_string();
+    if !pg.is_external() {
+        assert_eq!(url, format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port()));
+    }
+
+    let max = psql(&url, &["SHOW max_prepared_transactions"]).expect("SHOW");
+    if !pg.is_external() {
+        assert_eq!(max, "64");
+    }
+
+    psql(
+        &url,
+        &[
+            "DROP TABLE IF EXISTS testkit_2pc",
+            "BEGIN",
+            "CREATE TABLE testkit_2pc(x int)",
+            "INSERT INTO testkit_2pc VALUES (1)",
+            "PREPARE TRANSACTION 'testkit_g1'",
+            "COMMIT PREPARED 'testkit_g1'",
+        ],
+    )
+    .expect("two-phase commit");
+    let rows = psql(&url, &["SELECT count(*) FROM testkit_2pc"]).expect("select");
+    assert_eq!(rows, "1");
+    let pending = psql(
+        &url,
+        &["SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'testkit_g1'"],
+    )
+    .expect("pg_prepared_xacts");
+    assert_eq!(pending, "0");
+
+    if pg.is_external() {
+        psql(&url, &["DROP TABLE testkit_2pc"]).expect("clean up");
+        return;
+    }
+    let data_dir = pg.data_dir().expect("managed cluster").to_path_buf();
+    let temp_dir = data_dir.parent().expect("temp dir").to_path_buf();
+    let port = pg.port();
+    assert!(data_dir.join("PG_VERSION").exists());
+    drop(pg);
+    assert!(!data_dir.exists(), "data dir {data_dir:?} survived the drop");
+    assert!(!temp_dir.exists(), "temp dir {temp_dir:?} survived the drop");
+    assert!(!port_accepts(port), "port {port} still open after drop");
+}
+
+#[test]
+fn postgres_stop_and_restart_on_the_same_port() {
+    init_tracing();
+    let mut pg = PostgresServer::start().expect("start PostgreSQL");
+    if pg.is_external() {
+        assert!(pg.stop().is_err(), "an external server cannot be stopped");
+        return;
+    }
+    let url = pg.url().to_string();
+    let port = pg.port();
+    psql(&url, &["CREATE TABLE kept(x int)", "INSERT INTO kept VALUES (42)"]).expect("write before the outage");
+
+    pg.stop().expect("stop");
+    assert!(!pg.is_running());
+    assert!(!port_accepts(port), "port still open after stop");
+    assert!(psql(&url, &["SELECT 1"]).is_err(), "query during outage");
+    pg.stop().expect("stopping twice is harmless");
+
+    pg.restart().expect("restart");
+    assert!(pg.is_running());
+    assert_eq!(pg.port(), port);
+    assert_eq!(pg.url(), url);
+    assert_eq!(psql(&url, &["SELECT x FROM kept"]).expect("read"), "42");
+
+    // restart() also works on a running server.
+    pg.restart().expect("restart while running");
+    assert_eq!(psql(&url, &["SELECT x FROM kept"]).expect("read"), "42");
+}
+
+// --------------------------------------------------------------------- Redis
+
+/// Sends one RESP command and returns the raw reply (one line, plus the
+/// payload for a bulk string).
+fn resp(stream: &mut TcpStream, args: &[&str]) -> String {
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut reader = BufReader::new(stream);
+    let mut reply = String::new();
+    reader.read_line(&mut reply).expect("reply");
+    if let Some(len) = reply.strip_prefix('$') {
+        let len: i64 = len.trim().parse().expect("bulk length");
+        if len >= 0 {
+            let mut payload = vec![0; len as usize + 2];
+            reader.read_exact(&mut payload).expect("bulk payload");
+            reply.push_str(&String::from_utf8_lossy(&payload));
+        }
+    }
+    reply
+}
+
+fn redis_connect(port: u16) -> TcpStream {
+    let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream
+}
+
+#[test]
+fn redis_answers_ping_set_get() {
+    init_tracing();
+    let redis = RedisServer::start().expect("start Redis");
+    if !redis.is_external() {
+        assert_eq!(redis.url(), format!("redis://127.0.0.1:{}/", redis.port()));
+    }
+    let mut conn = redis_connect(redis.port());
+    assert_eq!(resp(&mut conn, &["PING"]), "+PONG\r\n");
+    assert_eq!(resp(&mut conn, &["SET", "testkit:k", "v1"]), "+OK\r\n");
+    assert_eq!(resp(&mut conn, &["GET", "testkit:k"]), "$2\r\nv1\r\n");
+    assert_eq!(resp(&mut conn, &["GET", "testkit:none"]), "$-1\r\n");
+    drop(conn);
+
+    let port = redis.port();
+    let external = redis.is_external();
+    drop(redis);
+    if !external {
+        assert!(!port_accepts(port), "port {port} still open after drop");
+    }
+}
+
+#[test]
+fn redis_stop_and_restart_on_the_same_port() {
+    init_tracing();
+    let mut redis = RedisServer::start().expect("start Redis");
+    if redis.is_external() {
+        assert!(redis.restart().is_err(), "an external server cannot restart");
+        return;
+    }
+    let port = redis.port();
+    redis.stop().expect("stop");
+    assert!(!redis.is_running());
+    assert!(!port_accepts(port), "port still open after stop");
+    redis.restart().expect("restart");
+    assert!(redis.is_running());
+    assert_eq!(redis.port(), port);
+    let mut conn = redis_connect(port);
+    assert_eq!(resp(&mut conn, &["PING"]), "+PONG\r\n");
+}
+
+// --------------------------------------------------------------------- Kafka
+
+/// Sends a hand-encoded ApiVersions v0 request and returns the response's
+/// correlation id and error code.
+fn api_versions(port: u16, correlation_id: i32) -> (i32, i16) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to broker");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let client_id = b"exactly-testkit";
+    let mut body = Vec::new();
+    body.extend_from_slice(&18i16.to_be_bytes()); // api_key: ApiVersions
+    body.extend_from_slice(&0i16.to_be_bytes()); // api_version
+    body.extend_from_slice(&correlation_id.to_be_bytes());
+    body.extend_from_slice(&(client_id.len() as i16).to_be_bytes());
+    body.extend_from_slice(client_id);
+    let mut request = (body.len() as i32).to_be_bytes().to_vec();
+    request.extend_from_slice(&body);
+    stream.write_all(&request).expect("send ApiVersions");
+
+    let mut size = [0; 4];
+    stream.read_exact(&mut size).expect("response size");
+    let size = i32::from_be_bytes(size);
+    assert!(size >= 6, "response too short: {size} bytes");
+    let mut response = vec![0; size as usize];
+    stream.read_exact(&mut response).expect("response body");
+    let correlation = i32::from_be_bytes(response[0..4].try_into().unwrap());
+    let error_code = i16::from_be_bytes(response[4..6].try_into().unwrap());
+    (correlation, error_code)
+}
+
+#[test]
+fn kafka_broker_answers_api_versions() {
+    init_tracing();
+    let broker = KafkaBroker::start().expect("start Kafka broker");
+    if !broker.is_external() {
+        assert_eq!(broker.bootstrap(), format!("127.0.0.1:{}", broker.port()));
+    }
+    assert!(port_accepts(broker.port()));
+    let (correlation, error_code) = api_versions(broker.port(), 0x5eed_0001);
+    assert_eq!(correlation, 0x5eed_0001);
+    assert_eq!(error_code, 0);
+
+    let port = broker.port();
+    let external = broker.is_external();
+    drop(broker);
+    if !external {
+        assert!(!port_accepts(port), "port {port} still open after drop");
+    }
+}
+
+#[test]
+fn kafka_persistent_broker_restarts_on_the_same_port() {
+    init_tracing();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut broker = KafkaBroker::start_persistent(dir.path()).expect("start broker");
+    if broker.is_external() {
+        assert!(broker.stop().is_err(), "an external Kafka cannot be stopped");
+        return;
+    }
+    let port = broker.port();
+    assert_eq!(api_versions(port, 7).0, 7);
+    let db: PathBuf = dir.path().join(exactly_testkit::kafka::PERSISTENT_DB_FILE);
+    assert!(db.exists(), "no SQLite file at {db:?}");
+
+    broker.stop().expect("stop");
+    assert!(!broker.is_running());
+    assert!(!port_accepts(port), "port still open after stop");
+    broker.restart().expect("restart");
+    assert_eq!(broker.port(), port);
+    assert_eq!(api_versions(port, 8).0, 8);
+    drop(broker);
+    assert!(db.exists(), "the caller's directory must survive the drop");
+}

@@ -1,0 +1,362 @@
+//! The TOML pipeline file read by `exactly run`.
+//!
+//! Every key is checked: an unknown key, a wrong type or a bad value is reported
+//! with its name.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use exactly_core::{
+    CheckpointConfig, FsCheckpointStore, Guarantee, Pipeline, PipelineConfig, RestartStrategy, SequenceSourceFactory,
+    SinkFactory, SourceFactory,
+};
+use exactly_file::{FileFormat, FileSinkFactory};
+use serde::Deserialize;
+
+/// A duration written like `"1s"`, `"250ms"`, `"2m"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map(HumanDuration)
+            .map_err(|e| serde::de::Error::custom(format!("`{s}` is not a duration ({e}); write e.g. \"1s\" or \"250ms\"")))
+    }
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineFile {
+    /// Pipeline name; checkpoints live under `<checkpoint.dir>/<name>/`.
+    pub name: String,
+    /// `"exactly-once"` (default) or `"at-least-once"`.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+    /// Source and sink subtasks (default 1).
+    #[serde(default = "one")]
+    pub parallelism: usize,
+    /// Records per source poll (default 500).
+    #[serde(default = "default_batch")]
+    pub batch_size: usize,
+    /// `[checkpoint]`.
+    pub checkpoint: CheckpointSection,
+    /// `[restart]`.
+    #[serde(default)]
+    pub restart: RestartSection,
+    /// `[source.<kind>]`.
+    pub source: SourceSection,
+    /// `[sink.<kind>]`.
+    pub sink: SinkSection,
+}
+
+fn one() -> usize {
+    1
+}
+fn default_batch() -> usize {
+    500
+}
+fn default_retain() -> usize {
+    3
+}
+
+/// `[checkpoint]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSection {
+    /// Root folder of the checkpoint store.
+    pub dir: PathBuf,
+    /// Time between checkpoints (default 1s).
+    pub interval: Option<HumanDuration>,
+    /// Minimum pause between checkpoints (default 0s).
+    pub min_pause: Option<HumanDuration>,
+    /// Checkpoint timeout (default 60s).
+    pub timeout: Option<HumanDuration>,
+    /// Consecutive failed checkpoints tolerated (default 3).
+    pub tolerable_failures: Option<u32>,
+    /// Entries kept (default 3).
+    #[serde(default = "default_retain")]
+    pub retain: usize,
+    /// Resume from a checkpoint of a different pipeline definition.
+    #[serde(default)]
+    pub allow_fingerprint_change: bool,
+}
+
+/// `[restart]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartSection {
+    /// `"exponential"` (default), `"fixed"` or `"none"`.
+    pub strategy: Option<String>,
+    /// Fixed delay.
+    pub delay: Option<HumanDuration>,
+    /// First backoff delay.
+    pub initial: Option<HumanDuration>,
+    /// Largest backoff delay.
+    pub max: Option<HumanDuration>,
+    /// Backoff growth factor.
+    pub multiplier: Option<f64>,
+    /// Share of a delay randomly removed (0..1).
+    pub jitter: Option<f64>,
+    /// Restarts in a row before giving up.
+    pub max_attempts: Option<u32>,
+}
+
+/// `[source.<kind>]`: exactly one kind.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSection {
+    /// Deterministic generated records (tests, demos).
+    Sequence(SequenceSection),
+}
+
+/// `[source.sequence]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequenceSection {
+    /// Number of splits.
+    pub splits: usize,
+    /// Records per split.
+    pub records_per_split: i64,
+    /// Records per poll (default 100).
+    pub batch: Option<usize>,
+    /// Pause before each poll (default 0s).
+    pub delay_per_poll: Option<HumanDuration>,
+}
+
+/// `[sink.<kind>]`: exactly one kind.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SinkSection {
+    /// Two-phase-commit files.
+    File(FileSection),
+}
+
+/// `[sink.file]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSection {
+    /// Output folder.
+    pub dir: PathBuf,
+    /// `"lines"` (default) or `"json-lines"`.
+    #[serde(default)]
+    pub format: FileFormat,
+}
+
+/// A configuration problem, with the key it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or a key is unknown or mistyped.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// toml's message, which names the key and line.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("{path}: `{key}` {problem}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// The key.
+        key: String,
+        /// What is wrong and how to fix it.
+        problem: String,
+    },
+}
+
+impl PipelineFile {
+    /// Reads and checks a pipeline file. Relative folders are resolved against the
+    /// file's folder.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut file = Self::parse(&text, &path.display().to_string())?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        file.resolve_relative(base);
+        Ok(file)
+    }
+
+    /// Parses and checks TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let file: PipelineFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        file.check(origin)?;
+        Ok(file)
+    }
+
+    fn resolve_relative(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.checkpoint.dir);
+        match &mut self.sink {
+            SinkSection::File(f) => fix(&mut f.dir),
+        }
+    }
+
+    fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, problem: &str| {
+            Err(ConfigError::Invalid {
+                path: origin.to_string(),
+                key: key.to_string(),
+                problem: problem.to_string(),
+            })
+        };
+        if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name.starts_with('.') {
+            return invalid("name", "must be non-empty, contain no '/' and not start with '.'");
+        }
+        if self.parallelism == 0 {
+            return invalid("parallelism", "must be at least 1");
+        }
+        if self.batch_size == 0 {
+            return invalid("batch_size", "must be at least 1");
+        }
+        if self.checkpoint.interval.is_some_and(|d| d.0.is_zero()) {
+            return invalid("checkpoint.interval", "must be greater than 0s");
+        }
+        if self.checkpoint.retain == 0 {
+            return invalid("checkpoint.retain", "must be at least 1");
+        }
+        if let Some(s) = &self.restart.strategy {
+            if !["exponential", "fixed", "none"].contains(&s.as_str()) {
+                return invalid("restart.strategy", "must be \"exponential\", \"fixed\" or \"none\"");
+            }
+        }
+        if self.restart.jitter.is_some_and(|j| !(0.0..=1.0).contains(&j)) {
+            return invalid("restart.jitter", "must be between 0.0 and 1.0");
+        }
+        match &self.source {
+            SourceSection::Sequence(s) if s.splits == 0 || s.records_per_split < 0 => {
+                invalid("source.sequence", "needs splits >= 1 and records_per_split >= 0")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The core settings.
+    pub fn pipeline_config(&self) -> PipelineConfig {
+        let defaults = CheckpointConfig::default();
+        let c = &self.checkpoint;
+        let mut config = PipelineConfig::new(self.name.clone());
+        config.guarantee = self.guarantee;
+        config.parallelism = self.parallelism;
+        config.batch_size = self.batch_size;
+        config.allow_fingerprint_change = c.allow_fingerprint_change;
+        config.checkpoint = CheckpointConfig {
+            interval: c.interval.map_or(defaults.interval, |d| d.0),
+            min_pause: c.min_pause.map_or(defaults.min_pause, |d| d.0),
+            timeout: c.timeout.map_or(defaults.timeout, |d| d.0),
+            tolerable_failures: c.tolerable_failures.unwrap_or(defaults.tolerable_failures),
+        };
+        config.restart = self.restart_strategy();
+        config
+    }
+
+    fn restart_strategy(&self) -> RestartStrategy {
+        let r = &self.restart;
+        let max_attempts = r.max_attempts.unwrap_or(10);
+        match r.strategy.as_deref() {
+            Some("none") => RestartStrategy::None,
+            Some("fixed") => RestartStrategy::FixedDelay {
+                delay: r.delay.map_or(Duration::from_secs(1), |d| d.0),
+                max_attempts,
+            },
+            _ => RestartStrategy::ExponentialBackoff {
+                initial: r.initial.map_or(Duration::from_millis(200), |d| d.0),
+                max: r.max.map_or(Duration::from_secs(30), |d| d.0),
+                multiplier: r.multiplier.unwrap_or(2.0),
+                jitter: r.jitter.unwrap_or(0.2),
+                max_attempts,
+            },
+        }
+    }
+
+    /// The checkpoint store of this pipeline.
+    pub fn store(&self) -> FsCheckpointStore {
+        FsCheckpointStore::new(&self.checkpoint.dir, &self.name, self.checkpoint.retain)
+    }
+
+    /// Builds the pipeline.
+    pub fn build(&self) -> Result<Pipeline, exactly_core::PipelineError> {
+        let source: Arc<dyn SourceFactory> = match &self.source {
+            SourceSection::Sequence(s) => Arc::new(SequenceSourceFactory {
+                splits: s.splits,
+                records_per_split: s.records_per_split,
+                batch: s.batch.unwrap_or(100),
+                delay_per_poll: s.delay_per_poll.map_or(Duration::ZERO, |d| d.0),
+            }),
+        };
+        let sink: Arc<dyn SinkFactory> = match &self.sink {
+            SinkSection::File(f) => Arc::new(FileSinkFactory {
+                dir: f.dir.clone(),
+                format: f.format,
+            }),
+        };
+        Pipeline::new(self.pipeline_config(), source, sink, Arc::new(self.store()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "p"
+parallelism = 2
+[checkpoint]
+dir = "ck"
+interval = "250ms"
+[source.sequence]
+splits = 2
+records_per_split = 10
+[sink.file]
+dir = "out"
+"#;
+
+    #[test]
+    fn a_good_file_parses() {
+        let f = PipelineFile::parse(GOOD, "p.toml").unwrap();
+        let c = f.pipeline_config();
+        assert_eq!(c.checkpoint.interval, Duration::from_millis(250));
+        assert_eq!(c.guarantee, Guarantee::ExactlyOnce);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = PipelineFile::parse(&GOOD.replace("interval", "intervall"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intervall"), "{e}");
+        let e = PipelineFile::parse(&GOOD.replace("\"250ms\"", "\"soon\""), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("soon") && e.contains("duration"), "{e}");
+        let e = PipelineFile::parse(&GOOD.replace("parallelism = 2", "parallelism = 0"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`parallelism` must be at least 1"), "{e}");
+        let e = PipelineFile::parse(&format!("guarantee = \"maybe-once\"\n{GOOD}"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maybe-once"), "{e}");
+    }
+}

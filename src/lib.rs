@@ -1,0 +1,15 @@
+//! # exactly
+//!
+//! End-to-end exactly-once data pipelines. This facade re-exports the runtime
+//! ([`core`]) and the connectors, and holds the pipeline-file format used by the
+//! `exactly` command.
+
+pub mod config;
+
+pub use exactly_core as core;
+pub use exactly_file as file;
+
+pub use exactly_core::{
+    CheckpointConfig, CheckpointId, ConnectorError, Guarantee, Pipeline, PipelineConfig, Record, RestartStrategy,
+    Source, SourceFactory, TwoPhaseCommitSink,
+};
