@@ -58,6 +58,13 @@ impl Record {
         }
     }
 
+    /// For sources that name splits `<topic>-<partition>` (the Kafka source does):
+    /// the topic and the partition.
+    pub fn topic_partition(&self) -> Option<(&str, i32)> {
+        let (topic, partition) = self.split.rsplit_once('-')?;
+        Some((topic, partition.parse().ok()?))
+    }
+
     /// Sets the key.
     pub fn with_key(mut self, key: impl Into<Vec<u8>>) -> Self {
         self.key = Some(key.into());

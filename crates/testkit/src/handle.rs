@@ -23,11 +23,21 @@ pub(crate) trait Lifecycle {
 /// Names of a service kind, used for external handles and their errors.
 pub(crate) struct Kind {
     /// Human name, e.g. `Redis`.
-    pub(crate) service: &'static str,
+    service: &'static str,
     /// Environment variable naming an external instance.
-    pub(crate) env_var: &'static str,
+    env_var: &'static str,
     /// Port assumed when the external address names none.
-    pub(crate) default_port: u16,
+    default_port: u16,
+}
+
+impl Kind {
+    pub(crate) const fn new(service: &'static str, env_var: &'static str, default_port: u16) -> Kind {
+        Kind {
+            service,
+            env_var,
+            default_port,
+        }
+    }
 }
 
 /// A service handle: the address clients use, plus the managed service
@@ -142,9 +152,9 @@ macro_rules! service_handle_methods {
         }
 
         #[doc = concat!(
-                            "TCP port of the ", $what, " (for an external one: the port named in `", $env,
-                            "`, or the protocol's default port)."
-                        )]
+                                    "TCP port of the ", $what, " (for an external one: the port named in `", $env,
+                                    "`, or the protocol's default port)."
+                                )]
         pub fn port(&self) -> u16 {
             self.handle.port()
         }
@@ -160,9 +170,9 @@ macro_rules! service_handle_methods {
         }
 
         #[doc = concat!(
-                            "Whether the testkit's ", $what, " is currently running (always `true` when \
+                                    "Whether the testkit's ", $what, " is currently running (always `true` when \
              external: the testkit does not observe it)."
-                        )]
+                                )]
         pub fn is_running(&mut self) -> bool {
             self.handle.is_running()
         }

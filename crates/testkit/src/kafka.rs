@@ -58,11 +58,7 @@ pub struct KafkaBroker {
     handle: ServiceHandle<ChildService>,
 }
 
-static KIND: Kind = Kind {
-    service: SERVICE,
-    env_var: KAFKA_BOOTSTRAP_ENV,
-    default_port: 9092,
-};
+static KIND: Kind = Kind::new(SERVICE, KAFKA_BOOTSTRAP_ENV, 9092);
 
 impl KafkaBroker {
     /// Uses `EXACTLY_KAFKA_BOOTSTRAP` when set; otherwise starts `nisshi

@@ -41,11 +41,7 @@ pub struct PostgresServer {
     handle: ServiceHandle<Cluster>,
 }
 
-static KIND: Kind = Kind {
-    service: SERVICE,
-    env_var: DATABASE_URL_ENV,
-    default_port: 5432,
-};
+static KIND: Kind = Kind::new(SERVICE, DATABASE_URL_ENV, 5432);
 
 impl PostgresServer {
     /// Uses `EXACTLY_DATABASE_URL` when set; otherwise creates a cluster with

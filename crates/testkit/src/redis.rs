@@ -27,11 +27,7 @@ pub struct RedisServer {
     handle: ServiceHandle<ChildService>,
 }
 
-static KIND: Kind = Kind {
-    service: SERVICE,
-    env_var: REDIS_URL_ENV,
-    default_port: 6379,
-};
+static KIND: Kind = Kind::new(SERVICE, REDIS_URL_ENV, 6379);
 
 impl RedisServer {
     /// Uses `EXACTLY_REDIS_URL` when set; otherwise starts `redis-server`

@@ -20,6 +20,15 @@ fn init_tracing() {
         .try_init();
 }
 
+/// Drops a service handle; a service the testkit started must have closed
+/// its port by then.
+fn drop_and_check_closed<T>(handle: T, port: u16, external: bool) {
+    drop(handle);
+    if !external {
+        assert!(!port_accepts(port), "port {port} still open after drop");
+    }
+}
+
 // ---------------------------------------------------------------- PostgreSQL
 
 /// Runs `psql` against `url` with each of `commands` as a separate `-c`, in
@@ -85,10 +94,9 @@ fn postgres_supports_prepared_transactions_and_cleans_up() {
     let temp_dir = data_dir.parent().expect("temp dir").to_path_buf();
     let port = pg.port();
     assert!(data_dir.join("PG_VERSION").exists());
-    drop(pg);
+    drop_and_check_closed(pg, port, false);
     assert!(!data_dir.exists(), "data dir {data_dir:?} survived the drop");
     assert!(!temp_dir.exists(), "temp dir {temp_dir:?} survived the drop");
-    assert!(!port_accepts(port), "port {port} still open after drop");
 }
 
 #[test]
@@ -164,12 +172,8 @@ fn redis_answers_ping_set_get() {
     assert_eq!(resp(&mut conn, &["GET", "testkit:none"]), "$-1\r\n");
     drop(conn);
 
-    let port = redis.port();
-    let external = redis.is_external();
-    drop(redis);
-    if !external {
-        assert!(!port_accepts(port), "port {port} still open after drop");
-    }
+    let (port, external) = (redis.port(), redis.is_external());
+    drop_and_check_closed(redis, port, external);
 }
 
 #[test]
@@ -232,12 +236,8 @@ fn kafka_broker_answers_api_versions() {
     assert_eq!(correlation, 0x5eed_0001);
     assert_eq!(error_code, 0);
 
-    let port = broker.port();
-    let external = broker.is_external();
-    drop(broker);
-    if !external {
-        assert!(!port_accepts(port), "port {port} still open after drop");
-    }
+    let (port, external) = (broker.port(), broker.is_external());
+    drop_and_check_closed(broker, port, external);
 }
 
 #[test]
