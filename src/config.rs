@@ -21,9 +21,9 @@ pub struct HumanDuration(pub Duration);
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        humantime::parse_duration(&s)
-            .map(HumanDuration)
-            .map_err(|e| serde::de::Error::custom(format!("`{s}` is not a duration ({e}); write e.g. \"1s\" or \"250ms\"")))
+        humantime::parse_duration(&s).map(HumanDuration).map_err(|e| {
+            serde::de::Error::custom(format!("`{s}` is not a duration ({e}); write e.g. \"1s\" or \"250ms\""))
+        })
     }
 }
 

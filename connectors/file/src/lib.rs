@@ -125,9 +125,10 @@ pub struct FileCommittable {
 fn io_error(context: &str, path: &Path, e: std::io::Error) -> ConnectorError {
     let message = format!("{}: {e}", path.display());
     match e.kind() {
-        std::io::ErrorKind::PermissionDenied => {
-            ConnectorError::fatal(context, format!("{message} (give the pipeline write access to the folder)"))
-        }
+        std::io::ErrorKind::PermissionDenied => ConnectorError::fatal(
+            context,
+            format!("{message} (give the pipeline write access to the folder)"),
+        ),
         _ => ConnectorError::transient(context, message),
     }
 }
@@ -258,7 +259,13 @@ impl TwoPhaseCommitSink for FileSink {
 }
 
 fn checkpoint_of(final_name: &str) -> CheckpointId {
-    CheckpointId(final_name.split('-').nth(2).and_then(|s| s.parse().ok()).unwrap_or_default())
+    CheckpointId(
+        final_name
+            .split('-')
+            .nth(2)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_default(),
+    )
 }
 
 /// Reads every committed output file of `dir` and returns its lines (for tests
@@ -350,7 +357,13 @@ mod tests {
         std::fs::remove_file(dir.path().join(&c.pending)).unwrap();
         let err = s.commit(&c).await.unwrap_err();
         assert!(
-            matches!(err, ConnectorError::DataLoss { checkpoint: CheckpointId(7), .. }),
+            matches!(
+                err,
+                ConnectorError::DataLoss {
+                    checkpoint: CheckpointId(7),
+                    ..
+                }
+            ),
             "{err}"
         );
     }

@@ -155,12 +155,23 @@ impl Coordinator {
     /// A coordinator for `sources` source and `sinks` sink subtasks, resuming
     /// after `restored` (the id of the checkpoint the pipeline restored from, if
     /// any). The first checkpoint is triggered one interval after `now_ms`.
-    pub fn new(config: CheckpointConfig, sources: usize, sinks: usize, restored: Option<CheckpointId>, now_ms: u64) -> Self {
+    ///
+    /// `used` is the highest id any earlier run may have triggered (the store's id
+    /// watermark): new ids start above both, so an id is never reused, even for a
+    /// checkpoint that was triggered and then lost in a crash.
+    pub fn new(
+        config: CheckpointConfig,
+        sources: usize,
+        sinks: usize,
+        restored: Option<CheckpointId>,
+        used: Option<CheckpointId>,
+        now_ms: u64,
+    ) -> Self {
         Coordinator {
             config,
             sources,
             sinks,
-            next_id: restored.map(CheckpointId::next).unwrap_or(CheckpointId(1)),
+            next_id: restored.max(used).map(CheckpointId::next).unwrap_or(CheckpointId(1)),
             in_flight: None,
             last_completed: restored,
             last_triggered_ms: now_ms,
@@ -200,7 +211,11 @@ impl Coordinator {
             Event::RequestCheckpoint => {
                 self.requested = true;
             }
-            Event::Ack { checkpoint, task, state } => {
+            Event::Ack {
+                checkpoint,
+                task,
+                state,
+            } => {
                 let expected = self.sources + self.sinks;
                 let known = self.is_known(task);
                 if let Some(f) = self.in_flight.as_mut().filter(|f| f.id == checkpoint && !f.persisting) {
@@ -209,17 +224,31 @@ impl Coordinator {
                     }
                     if f.acks.len() == expected {
                         f.persisting = true;
-                        actions.push(Action::Persist { data: Self::assemble(f) });
+                        actions.push(Action::Persist {
+                            data: Self::assemble(f),
+                        });
                     }
                 }
             }
-            Event::Decline { checkpoint, task, reason } => {
-                if self.in_flight.as_ref().is_some_and(|f| f.id == checkpoint && !f.persisting) {
+            Event::Decline {
+                checkpoint,
+                task,
+                reason,
+            } => {
+                if self
+                    .in_flight
+                    .as_ref()
+                    .is_some_and(|f| f.id == checkpoint && !f.persisting)
+                {
                     self.abort(format!("{task:?} declined: {reason}"), None, &mut actions);
                 }
             }
             Event::Persisted { checkpoint, now_ms } => {
-                if self.in_flight.as_ref().is_some_and(|f| f.id == checkpoint && f.persisting) {
+                if self
+                    .in_flight
+                    .as_ref()
+                    .is_some_and(|f| f.id == checkpoint && f.persisting)
+                {
                     self.in_flight = None;
                     self.last_completed = Some(checkpoint);
                     self.last_ended_ms = Some(now_ms);
@@ -227,8 +256,16 @@ impl Coordinator {
                     actions.push(Action::Complete { checkpoint });
                 }
             }
-            Event::PersistFailed { checkpoint, reason, now_ms } => {
-                if self.in_flight.as_ref().is_some_and(|f| f.id == checkpoint && f.persisting) {
+            Event::PersistFailed {
+                checkpoint,
+                reason,
+                now_ms,
+            } => {
+                if self
+                    .in_flight
+                    .as_ref()
+                    .is_some_and(|f| f.id == checkpoint && f.persisting)
+                {
                     self.abort(format!("persisting failed: {reason}"), Some(now_ms), &mut actions);
                 }
             }
@@ -332,7 +369,9 @@ pub struct CommitLedger<C = serde_json::Value> {
 impl<C: Clone> CommitLedger<C> {
     /// An empty ledger.
     pub fn new() -> Self {
-        CommitLedger { pending: BTreeMap::new() }
+        CommitLedger {
+            pending: BTreeMap::new(),
+        }
     }
 
     /// Records the committable of checkpoint `checkpoint`'s transaction.
@@ -370,7 +409,10 @@ impl CommitLedger<serde_json::Value> {
     pub fn snapshot(&self) -> Vec<PendingCommit> {
         self.entries()
             .into_iter()
-            .map(|(checkpoint, committable)| PendingCommit { checkpoint, committable })
+            .map(|(checkpoint, committable)| PendingCommit {
+                checkpoint,
+                committable,
+            })
             .collect()
     }
 }
@@ -407,36 +449,59 @@ mod tests {
 
     #[test]
     fn complete_only_after_persisted() {
-        let mut c = Coordinator::new(cfg(), 1, 1, None, 0);
+        let mut c = Coordinator::new(cfg(), 1, 1, None, None, 0);
         assert!(c.handle(Event::Tick { now_ms: 50 }).is_empty());
         assert_eq!(
             c.handle(Event::Tick { now_ms: 100 }),
-            vec![Action::Trigger { checkpoint: CheckpointId(1) }]
+            vec![Action::Trigger {
+                checkpoint: CheckpointId(1)
+            }]
         );
         let actions = ack_all(&mut c, CheckpointId(1));
         assert!(matches!(&actions[..], [Action::Persist { data }] if data.pending[&0].len() == 1));
-        assert!(c.handle(Event::Tick { now_ms: 5000 }).is_empty(), "no timeout while persisting");
+        assert!(
+            c.handle(Event::Tick { now_ms: 5000 }).is_empty(),
+            "no timeout while persisting"
+        );
         assert_eq!(
-            c.handle(Event::Persisted { checkpoint: CheckpointId(1), now_ms: 5000 }),
-            vec![Action::Complete { checkpoint: CheckpointId(1) }]
+            c.handle(Event::Persisted {
+                checkpoint: CheckpointId(1),
+                now_ms: 5000
+            }),
+            vec![Action::Complete {
+                checkpoint: CheckpointId(1)
+            }]
         );
         // min pause after the end of the checkpoint
         assert!(c.handle(Event::Tick { now_ms: 5040 }).is_empty());
         assert_eq!(
             c.handle(Event::Tick { now_ms: 5050 }),
-            vec![Action::Trigger { checkpoint: CheckpointId(2) }]
+            vec![Action::Trigger {
+                checkpoint: CheckpointId(2)
+            }]
         );
     }
 
     #[test]
     fn timeouts_abort_and_too_many_fail_the_pipeline() {
-        let mut c = Coordinator::new(cfg(), 1, 1, Some(CheckpointId(7)), 0);
+        let mut c = Coordinator::new(cfg(), 1, 1, Some(CheckpointId(7)), Some(CheckpointId(5)), 0);
         assert_eq!(
             c.handle(Event::Tick { now_ms: 100 }),
-            vec![Action::Trigger { checkpoint: CheckpointId(8) }]
+            vec![Action::Trigger {
+                checkpoint: CheckpointId(8)
+            }]
         );
         let a = c.handle(Event::Tick { now_ms: 1100 });
-        assert!(matches!(&a[..], [Action::Abort { checkpoint: CheckpointId(8), .. }]), "{a:?}");
+        assert!(
+            matches!(
+                &a[..],
+                [Action::Abort {
+                    checkpoint: CheckpointId(8),
+                    ..
+                }]
+            ),
+            "{a:?}"
+        );
         let a = c.handle(Event::Tick { now_ms: 1200 });
         let id = match &a[..] {
             [Action::Trigger { checkpoint }] => *checkpoint,
@@ -450,17 +515,22 @@ mod tests {
             task: TaskId::Sink(0),
             reason: "disk full".into(),
         });
-        assert!(matches!(&a[..], [Action::Abort { .. }, Action::Fail { failures: 2, .. }]), "{a:?}");
+        assert!(
+            matches!(&a[..], [Action::Abort { .. }, Action::Fail { failures: 2, .. }]),
+            "{a:?}"
+        );
         assert!(c.handle(Event::Tick { now_ms: 99_999 }).is_empty());
     }
 
     #[test]
     fn request_triggers_without_waiting_for_the_interval() {
-        let mut c = Coordinator::new(cfg(), 1, 1, None, 0);
+        let mut c = Coordinator::new(cfg(), 1, 1, None, None, 0);
         c.handle(Event::RequestCheckpoint);
         assert_eq!(
             c.handle(Event::Tick { now_ms: 1 }),
-            vec![Action::Trigger { checkpoint: CheckpointId(1) }]
+            vec![Action::Trigger {
+                checkpoint: CheckpointId(1)
+            }]
         );
     }
 
@@ -470,7 +540,10 @@ mod tests {
         l.add(CheckpointId(1), "a");
         l.add(CheckpointId(2), "b");
         l.add(CheckpointId(4), "d");
-        assert_eq!(l.due(CheckpointId(3)), vec![(CheckpointId(1), "a"), (CheckpointId(2), "b")]);
+        assert_eq!(
+            l.due(CheckpointId(3)),
+            vec![(CheckpointId(1), "a"), (CheckpointId(2), "b")]
+        );
         l.mark_committed(CheckpointId(1));
         l.mark_committed(CheckpointId(2));
         assert_eq!(l.entries(), vec![(CheckpointId(4), "d")]);

@@ -60,10 +60,7 @@ pub enum StoreError {
     },
     /// An entry could not be encoded.
     #[error("checkpoint {checkpoint} could not be encoded: {message}")]
-    Encode {
-        checkpoint: CheckpointId,
-        message: String,
-    },
+    Encode { checkpoint: CheckpointId, message: String },
     /// The latest complete checkpoint was written by a pipeline with a different
     /// definition.
     #[error(
@@ -96,7 +93,7 @@ pub enum PipelineError {
     Store {
         pipeline: String,
         #[source]
-        source: StoreError,
+        source: Box<StoreError>,
     },
     /// Too many checkpoints failed in a row.
     #[error(

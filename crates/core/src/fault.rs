@@ -56,7 +56,11 @@ pub fn point(name: &str) {
     }
     let hit = plan.hits.fetch_add(1, Ordering::SeqCst) + 1;
     if hit == plan.nth {
-        tracing::error!(point = name, hit, "crash point reached: killing the process with SIGKILL");
+        tracing::error!(
+            point = name,
+            hit,
+            "crash point reached: killing the process with SIGKILL"
+        );
         // SAFETY: raise has no memory-safety preconditions.
         unsafe {
             libc::raise(libc::SIGKILL);

@@ -29,4 +29,6 @@ pub use record::{CheckpointId, Record, SplitPositions};
 pub use restart::RestartStrategy;
 pub use sink::{erase, ErasedSink, SinkContext, SinkFactory, TwoPhaseCommitSink};
 pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};
-pub use store::{check_fingerprint, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore, PipelineDescriptor};
+pub use store::{
+    check_fingerprint, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore, PipelineDescriptor,
+};

@@ -56,7 +56,9 @@ impl std::str::FromStr for Guarantee {
         match s {
             "exactly-once" => Ok(Guarantee::ExactlyOnce),
             "at-least-once" => Ok(Guarantee::AtLeastOnce),
-            other => Err(format!("unknown guarantee `{other}`: use \"exactly-once\" or \"at-least-once\"")),
+            other => Err(format!(
+                "unknown guarantee `{other}`: use \"exactly-once\" or \"at-least-once\""
+            )),
         }
     }
 }
@@ -161,10 +163,14 @@ struct AttemptFailure {
     made_progress: bool,
 }
 
+/// Checkpoint ids reserved durably at a time (see [`CheckpointStore::reserve_ids`]).
+const ID_RESERVATION_BLOCK: u64 = 100;
+
 /// Stable 64-bit FNV-1a, so routing does not change between runs or versions.
 fn stable_hash(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The sink subtask that receives records of `split`.
@@ -277,7 +283,7 @@ impl Pipeline {
             false,
             PipelineError::Store {
                 pipeline: self.config.name.clone(),
-                source: e,
+                source: Box::new(e),
             },
         )
     }
@@ -293,13 +299,23 @@ impl Pipeline {
             .expect("checkpoint store task panicked")
             .map_err(|e| self.store_failure(e))?;
         if let Some(entry) = &latest {
-            check_fingerprint(self.store.as_ref(), entry, &descriptor, self.config.allow_fingerprint_change)
-                .map_err(|e| self.store_failure(e))?;
+            check_fingerprint(
+                self.store.as_ref(),
+                entry,
+                &descriptor,
+                self.config.allow_fingerprint_change,
+            )
+            .map_err(|e| self.store_failure(e))?;
             info!(checkpoint = %entry.checkpoint.id, entry = %entry.file_name(), "restoring from checkpoint");
         } else {
             info!("no checkpoint found: first start");
         }
         let restored_id = latest.as_ref().map(|e| e.checkpoint.id);
+        let store = self.store.clone();
+        let mut reserved = tokio::task::spawn_blocking(move || store.id_watermark())
+            .await
+            .expect("checkpoint store task panicked")
+            .map_err(|e| self.store_failure(e))?;
         let positions = latest.as_ref().map(|e| e.checkpoint.positions.clone());
 
         // 2. Sinks recover: commit what the checkpoint lists, abort the rest. No
@@ -381,7 +397,7 @@ impl Pipeline {
         // 5. Coordinate.
         let started = Instant::now();
         let now_ms = || started.elapsed().as_millis() as u64;
-        let mut coordinator = Coordinator::new(self.config.checkpoint.clone(), p, p, restored_id, now_ms());
+        let mut coordinator = Coordinator::new(self.config.checkpoint.clone(), p, p, restored_id, reserved, now_ms());
         let mut ticker = tokio::time::interval(Duration::from_millis(10).min(self.config.checkpoint.interval));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut finished_sources = vec![false; p];
@@ -436,6 +452,15 @@ impl Pipeline {
                 for action in coordinator.handle(event) {
                     match action {
                         Action::Trigger { checkpoint } => {
+                            if reserved.is_none_or(|r| checkpoint > r) {
+                                let upto = CheckpointId(checkpoint.0 + ID_RESERVATION_BLOCK);
+                                let store = self.store.clone();
+                                tokio::task::spawn_blocking(move || store.reserve_ids(upto))
+                                    .await
+                                    .expect("checkpoint store task panicked")
+                                    .map_err(|e| self.store_failure(e))?;
+                                reserved = Some(upto);
+                            }
                             debug!(%checkpoint, "triggering checkpoint");
                             if want_final && final_id.is_none() {
                                 final_id = Some(checkpoint);

@@ -94,7 +94,10 @@ mod tests {
         for attempt in 1..=20 {
             let full = (100.0 * 2f64.powi(attempt as i32 - 1)).min(1000.0);
             let d = s.delay(attempt).unwrap().as_secs_f64() * 1000.0;
-            assert!(d <= full + 1e-6 && d >= full * 0.5 - 1e-6, "attempt {attempt}: {d} vs {full}");
+            assert!(
+                d <= full + 1e-6 && d >= full * 0.5 - 1e-6,
+                "attempt {attempt}: {d} vs {full}"
+            );
         }
         assert_eq!(s.delay(21), None);
     }

@@ -165,7 +165,19 @@ pub trait CheckpointStore: Send + Sync + 'static {
 
     /// Where the entries live, for messages.
     fn location(&self) -> String;
+
+    /// The highest checkpoint id reserved by any run so far (see
+    /// [`reserve_ids`](Self::reserve_ids)); `None` when nothing was reserved.
+    fn id_watermark(&self) -> Result<Option<CheckpointId>, StoreError>;
+
+    /// Durably records that ids up to `upto` may be in use, before any of them is
+    /// triggered, so a restarted pipeline never reuses a checkpoint id (sinks name
+    /// transactions after it). The runtime reserves ids in blocks.
+    fn reserve_ids(&self, upto: CheckpointId) -> Result<(), StoreError>;
 }
+
+/// Name of the id watermark file inside a pipeline's folder.
+pub const ID_WATERMARK_FILE: &str = "id-watermark";
 
 /// [`CheckpointStore`] on a local (or mounted) filesystem.
 #[derive(Clone, Debug)]
@@ -211,6 +223,23 @@ impl FsCheckpointStore {
         Ok(env.entry)
     }
 
+    /// temp file, fsync, rename, fsync of the folder.
+    fn write_atomically(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        let tmp = self.dir.join(format!(".tmp-{name}"));
+        {
+            let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+            f.write_all(bytes).map_err(io_err(&tmp))?;
+            crate::fault::point("store.before_fsync");
+            f.sync_all().map_err(io_err(&tmp))?;
+        }
+        let final_path = self.dir.join(name);
+        fs::rename(&tmp, &final_path).map_err(io_err(&final_path))?;
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))
+    }
+
     fn prune(&self) -> Result<(), StoreError> {
         let names = self.list()?;
         if names.len() > self.retain {
@@ -231,8 +260,6 @@ impl FsCheckpointStore {
 
 impl CheckpointStore for FsCheckpointStore {
     fn save(&self, entry: &CheckpointEntry) -> Result<(), StoreError> {
-        fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
-        let name = entry.file_name();
         let env = Envelope {
             format: 1,
             sha256: checksum(entry),
@@ -242,19 +269,28 @@ impl CheckpointStore for FsCheckpointStore {
             checkpoint: entry.checkpoint.id,
             message: e.to_string(),
         })?;
-        let tmp = self.dir.join(format!(".tmp-{name}"));
-        {
-            let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-            f.write_all(&bytes).map_err(io_err(&tmp))?;
-            crate::fault::point("store.before_fsync");
-            f.sync_all().map_err(io_err(&tmp))?;
-        }
-        let final_path = self.dir.join(&name);
-        fs::rename(&tmp, &final_path).map_err(io_err(&final_path))?;
-        fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(&self.dir))?;
+        self.write_atomically(&entry.file_name(), &bytes)?;
         self.prune()
+    }
+
+    fn id_watermark(&self) -> Result<Option<CheckpointId>, StoreError> {
+        let path = self.dir.join(ID_WATERMARK_FILE);
+        match fs::read_to_string(&path) {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .map(|n| Some(CheckpointId(n)))
+                .map_err(|e| StoreError::Io {
+                    path: path.display().to_string(),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    fn reserve_ids(&self, upto: CheckpointId) -> Result<(), StoreError> {
+        self.write_atomically(ID_WATERMARK_FILE, upto.0.to_string().as_bytes())
     }
 
     fn latest(&self) -> Result<Option<CheckpointEntry>, StoreError> {
@@ -351,6 +387,10 @@ mod tests {
         let fp = descriptor().fingerprint();
         assert_eq!(names[2].file_name, format!("{fp}-1700000000005-5"));
         assert_eq!(store.latest().unwrap().unwrap().checkpoint.id, CheckpointId(5));
+        assert_eq!(store.id_watermark().unwrap(), None);
+        store.reserve_ids(CheckpointId(100)).unwrap();
+        assert_eq!(store.id_watermark().unwrap(), Some(CheckpointId(100)));
+        assert_eq!(store.list().unwrap().len(), 3, "the watermark is not an entry");
     }
 
     #[test]

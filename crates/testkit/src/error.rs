@@ -4,8 +4,6 @@
 //! integration test tells the reader what to install or which environment
 //! variable to set.
 
-use std::time::Duration;
-
 /// Everything that can go wrong while starting, stopping or restarting a
 /// service.
 ///
@@ -60,7 +58,7 @@ pub enum TestkitError {
     /// The service did not start accepting TCP connections in time, or its
     /// process exited during startup.
     #[error(
-        "{service} did not become ready on 127.0.0.1:{port} within {timeout:?}: {reason}. \
+        "{service} did not become ready on 127.0.0.1:{port}: {reason}. \
          Log tail of {log}:\n{log_tail}\nFix: {fix}"
     )]
     StartFailed {
@@ -68,8 +66,6 @@ pub enum TestkitError {
         service: &'static str,
         /// The loopback port it was asked to listen on.
         port: u16,
-        /// How long the testkit waited.
-        timeout: Duration,
         /// Why it gave up (timeout, process exited, ...).
         reason: String,
         /// Path of the service's log file.
@@ -122,3 +118,31 @@ impl std::fmt::Debug for TestkitError {
 
 /// Short alias used throughout the crate.
 pub type Result<T, E = TestkitError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stays_small_enough_for_clippy_result_large_err() {
+        assert!(std::mem::size_of::<TestkitError>() <= 120);
+    }
+
+    #[test]
+    fn recognises_port_conflicts_and_prints_the_fix() {
+        let err = TestkitError::StartFailed {
+            service: "Redis",
+            port: 1234,
+            reason: "the process exited early".into(),
+            log: "/tmp/x.log".into(),
+            log_tail: "Could not create server TCP listening socket: Address already in use".into(),
+            fix: "do this",
+        };
+        assert!(err.is_port_conflict());
+        let text = format!("{err:?}");
+        assert!(
+            text.contains("127.0.0.1:1234") && text.contains("Fix: do this"),
+            "{text}"
+        );
+    }
+}

@@ -155,22 +155,35 @@ impl RunAs {
             return Ok(None);
         }
         let name = std::ffi::CString::new(OS_USER).expect("no NUL in user name");
-        // SAFETY: `name` is a valid C string; the returned record is read
-        // immediately, before any other passwd call on this thread.
-        let record = unsafe { libc::getpwnam(name.as_ptr()) };
-        if record.is_null() {
+        // SAFETY: an all-zero passwd (null pointers, zero ids) is a valid
+        // value that getpwnam_r overwrites.
+        let mut record: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: all pointers are valid for the duration of the call and
+        // `buffer.len()` is the buffer's real size; getpwnam_r (unlike
+        // getpwnam) is safe to call from parallel test threads.
+        let rc = unsafe {
+            libc::getpwnam_r(
+                name.as_ptr(),
+                &mut record,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+                &mut found,
+            )
+        };
+        if rc != 0 || found.is_null() {
             return Err(TestkitError::BinaryNotFound {
                 service: SERVICE,
                 binary: "postgres (OS user)",
-                searched: "the user database (getpwnam)".into(),
+                searched: "the user database (getpwnam_r)".into(),
                 fix: "PostgreSQL refuses to run as root and the testkit runs it as the `postgres` \
                       user, which does not exist: install the `postgresql` package (it creates \
                       the user) or `useradd --system postgres`, or run the tests as a non-root \
                       user",
             });
         }
-        // SAFETY: checked non-null above.
-        let (uid, gid) = unsafe { ((*record).pw_uid, (*record).pw_gid) };
+        let (uid, gid) = (record.pw_uid, record.pw_gid);
         Ok(Some(RunAs { uid, gid }))
     }
 }
@@ -337,7 +350,7 @@ impl Cluster {
         let result = process::run_command(SERVICE, &mut pg_ctl, Some(&self.log), FIX_START);
         if let Err(err) = &result {
             tracing::warn!(%err, "pg_ctl stop failed, killing the postmaster");
-            if let Some(pid) = postmaster_pid(&pid_file) {
+            if let Some(pid) = process::read_pid(&pid_file) {
                 // pg_ctl starts the postmaster in its own session, so its pid
                 // is also its process group id.
                 process::kill_process_group(pid);
@@ -385,9 +398,4 @@ impl Drop for Cluster {
         }
         // `self.dir` (a TempDir) is dropped after this and removes the files.
     }
-}
-
-/// First line of postmaster.pid: the postmaster's pid.
-fn postmaster_pid(pid_file: &Path) -> Option<u32> {
-    fs::read_to_string(pid_file).ok()?.lines().next()?.trim().parse().ok()
 }

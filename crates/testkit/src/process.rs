@@ -101,7 +101,6 @@ impl Startup<'_> {
         TestkitError::StartFailed {
             service: self.service,
             port: self.port,
-            timeout: STARTUP_TIMEOUT,
             reason: reason.into(),
             log: self.log.display().to_string(),
             log_tail: log_tail(self.log),
@@ -129,7 +128,7 @@ impl Startup<'_> {
                 };
             }
             if started.elapsed() >= STARTUP_TIMEOUT {
-                return Err(self.failed("timed out waiting for the port to accept connections"));
+                return Err(self.failed(format!("no connection accepted within {} s", STARTUP_TIMEOUT.as_secs())));
             }
             sleep(POLL_INTERVAL);
         }
@@ -211,11 +210,22 @@ pub(crate) fn is_executable(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// File in a service temp dir holding the pid of the process that owns it.
+const OWNER_FILE: &str = "owner.pid";
+/// File in a service's working dir holding the pid (= process group id) of
+/// the service process.
+const SERVICE_PID_FILE: &str = "service.pid";
+/// Pid files of services left in a temp dir: ours, and PostgreSQL's.
+const STALE_PID_FILES: &[&str] = &[SERVICE_PID_FILE, "data/postmaster.pid"];
+
 /// Creates a fresh temp dir named `prefix*`, traversable by every user
-/// (mode 0755) so that a service running as another OS user can reach it.
+/// (mode 0755) so that a service running as another OS user can reach it,
+/// and records this process as its owner.
 ///
 /// It lives under `/tmp` when that exists (short paths keep Unix socket
-/// names under their length limit), else under the system temp dir.
+/// names under their length limit), else under the system temp dir. Before
+/// creating it, dirs with the same prefix whose owner process is gone (a
+/// test run killed before it could clean up) are reaped.
 pub(crate) fn service_temp_dir(service: &'static str, prefix: &str) -> Result<TempDir> {
     let base = Path::new("/tmp");
     let base = if base.is_dir() {
@@ -223,6 +233,7 @@ pub(crate) fn service_temp_dir(service: &'static str, prefix: &str) -> Result<Te
     } else {
         std::env::temp_dir()
     };
+    reap_stale_dirs(&base, prefix);
     let io = |action: String| {
         move |source| TestkitError::Io {
             service,
@@ -237,7 +248,52 @@ pub(crate) fn service_temp_dir(service: &'static str, prefix: &str) -> Result<Te
         .map_err(io(format!("creating a temp dir in {}", base.display())))?;
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
         .map_err(io(format!("making {} traversable", dir.path().display())))?;
+    let owner = dir.path().join(OWNER_FILE);
+    fs::write(&owner, std::process::id().to_string()).map_err(io(format!("writing {}", owner.display())))?;
     Ok(dir)
+}
+
+/// Kills the services left in `base/prefix*` dirs whose owner process no
+/// longer exists, and removes those dirs.
+///
+/// A service process is only killed if its working directory lies inside
+/// the stale dir, so a recycled pid never hits an unrelated process.
+fn reap_stale_dirs(base: &Path, prefix: &str) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let dir = entry.path();
+        // No owner file: another process may be creating this dir right now.
+        let Some(owner) = read_pid(&dir.join(OWNER_FILE)) else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{owner}")).exists() {
+            continue;
+        }
+        for pid_file in STALE_PID_FILES {
+            let Some(pid) = read_pid(&dir.join(pid_file)) else {
+                continue;
+            };
+            let cwd = fs::read_link(format!("/proc/{pid}/cwd"));
+            if cwd.is_ok_and(|cwd| cwd.starts_with(&dir)) {
+                tracing::warn!(pid, dir = %dir.display(), "killing a service left by a dead test run");
+                kill_process_group(pid);
+            }
+        }
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => tracing::info!(dir = %dir.display(), "removed a stale service dir"),
+            Err(err) => tracing::debug!(dir = %dir.display(), %err, "cannot remove stale dir"),
+        }
+    }
+}
+
+/// First line of a pid file as a pid.
+pub(crate) fn read_pid(path: &Path) -> Option<u32> {
+    fs::read_to_string(path).ok()?.lines().next()?.trim().parse().ok()
 }
 
 /// The value of an environment variable naming an external service, if it
@@ -358,6 +414,11 @@ impl GroupChild {
         Ok(GroupChild { child: Some(child) })
     }
 
+    /// The pid (and process group id) of the process, until it is killed.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `Some(reason)` once the process has exited.
     pub(crate) fn exited(&mut self) -> Option<String> {
         let child = self.child.as_mut()?;
@@ -437,6 +498,10 @@ impl ChildService {
         }
         let started = Instant::now();
         let mut child = GroupChild::spawn(spec.service, cmd, &spec.log)?;
+        if let Some(pid) = child.pid() {
+            // Lets a later run reap the service if this process dies first.
+            let _ = fs::write(spec.cwd.join(SERVICE_PID_FILE), pid.to_string());
+        }
         let startup = Startup {
             service: spec.service,
             port: self.port,

@@ -1,0 +1,163 @@
+//! Glue between librdkafka and the source: client settings, the callback
+//! context (logging, error counting, commit results) and error classification.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use exactly_core::ConnectorError;
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::TopicPartitionList;
+
+/// Counters of a Kafka source, shared by all its subtasks (and by every run of
+/// the pipeline that uses the same factory). Read them with
+/// [`crate::KafkaSourceFactory::metrics`].
+#[derive(Debug, Default)]
+pub struct KafkaSourceMetrics {
+    transient_errors: AtomicU64,
+    group_commits: AtomicU64,
+    group_commit_failures: AtomicU64,
+    partitions_discovered: AtomicU64,
+}
+
+/// A point-in-time copy of [`KafkaSourceMetrics`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KafkaSourceMetricsSnapshot {
+    /// Non-fatal client errors (broker down, connection refused, timeouts...).
+    /// librdkafka retries them by itself; each was logged with `tracing::warn`.
+    pub transient_errors: u64,
+    /// Successful commits of checkpointed offsets to the consumer group.
+    pub group_commits: u64,
+    /// Failed commits to the consumer group (best effort: only logged).
+    pub group_commit_failures: u64,
+    /// Partitions picked up by partition discovery after the start.
+    pub partitions_discovered: u64,
+}
+
+impl KafkaSourceMetrics {
+    /// Reads every counter.
+    pub fn snapshot(&self) -> KafkaSourceMetricsSnapshot {
+        KafkaSourceMetricsSnapshot {
+            transient_errors: self.transient_errors.load(Ordering::Relaxed),
+            group_commits: self.group_commits.load(Ordering::Relaxed),
+            group_commit_failures: self.group_commit_failures.load(Ordering::Relaxed),
+            partitions_discovered: self.partitions_discovered.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn add_discovered(&self, n: u64) {
+        self.partitions_discovered.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn commit_failed(&self) {
+        self.group_commit_failures.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// librdkafka settings for `bootstrap` plus `properties`.
+pub(crate) fn client_config<'a>(
+    bootstrap: &str,
+    properties: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    for (key, value) in properties {
+        config.set(key, value);
+    }
+    config
+}
+
+/// Turns a client creation failure into a fatal configuration error.
+pub(crate) fn creation_error(what: &str, error: KafkaError) -> ConnectorError {
+    let message = match &error {
+        KafkaError::ClientConfig(_, description, key, value) => {
+            format!("librdkafka rejected the setting `{key}` = \"{value}\" ({description}); fix or remove it in `properties`")
+        }
+        other => other.to_string(),
+    };
+    ConnectorError::fatal(what, message)
+}
+
+/// Forwards a librdkafka log line to `tracing`.
+pub(crate) fn forward_log(level: RDKafkaLogLevel, facility: &str, message: &str) {
+    match level {
+        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+            tracing::warn!(target: "librdkafka", facility, "{message}")
+        }
+        RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => tracing::info!(target: "librdkafka", facility, "{message}"),
+        RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+    }
+}
+
+/// True for consumer errors that retrying will not fix.
+pub(crate) fn is_fatal(error: &KafkaError) -> bool {
+    if matches!(error, KafkaError::MessageConsumptionFatal(_)) {
+        return true;
+    }
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::Authentication
+        )
+    )
+}
+
+/// Callbacks of the source's consumer.
+pub(crate) struct SourceContext {
+    pub(crate) metrics: Arc<KafkaSourceMetrics>,
+    /// `<bootstrap>/<topic>`, for log lines.
+    pub(crate) label: String,
+}
+
+impl ClientContext for SourceContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        forward_log(level, facility, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error, KafkaError::PartitionEOF(_)) {
+            return;
+        }
+        if is_fatal(&error) {
+            tracing::error!(source = %self.label, %error, "fatal Kafka consumer error: {reason}");
+            return;
+        }
+        self.metrics.transient_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(source = %self.label, %error, "Kafka client error (librdkafka retries): {reason}");
+    }
+}
+
+impl ConsumerContext for SourceContext {
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                self.metrics.group_commits.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(source = %self.label, offsets = ?offsets.to_topic_map(), "offsets committed to the group");
+            }
+            Err(error) => {
+                self.metrics.commit_failed();
+                tracing::warn!(source = %self.label, %error, "committing offsets to the group failed (best effort)");
+            }
+        }
+    }
+}
+
+/// Settings shared by every consumer the crate creates.
+pub(crate) fn consumer_config(bootstrap: &str, group: &str, properties: &BTreeMap<String, String>) -> ClientConfig {
+    let mut config = client_config(bootstrap, properties);
+    config
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed");
+    config
+}

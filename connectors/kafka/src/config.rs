@@ -1,0 +1,477 @@
+//! `[source.kafka]`: the settings of the Kafka source, with their checks.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+/// Default of `partition_discovery_interval`.
+pub const DEFAULT_PARTITION_DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
+/// Default of `startup_timeout`.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// librdkafka settings the source sets itself, and what to use instead.
+const RESERVED_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "set `bootstrap` instead"),
+    ("metadata.broker.list", "set `bootstrap` instead"),
+    ("group.id", "set `group_id` instead"),
+    (
+        "enable.auto.commit",
+        "offsets live in checkpoints; use `commit_offsets_to_group` to publish them for lag tools",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets live in checkpoints; use `commit_offsets_to_group` to publish them for lag tools",
+    ),
+    (
+        "isolation.level",
+        "the source always reads with read_committed so aborted transactions never enter a pipeline",
+    ),
+];
+
+/// The settings of the Kafka source, as written in a pipeline file:
+///
+/// ```toml
+/// [source.kafka]
+/// bootstrap = "127.0.0.1:9092"          # required, `HOST:PORT[,HOST:PORT...]`
+/// topic = "orders"                      # required
+/// start = "earliest"                    # "earliest" (default) | "latest" | "group"
+///                                       # | "timestamp:1700000000000" | "2023-11-14T22:13:20Z"
+///                                       # | { timestamp_ms = 1700000000000 }
+/// group_id = "exactly-orders-pipeline"  # default: "exactly-<pipeline name>"
+/// commit_offsets_to_group = true        # default: true
+/// partition_discovery_interval = "10s"  # default: "10s"
+/// startup_timeout = "30s"               # default: "30s"
+///
+/// [source.kafka.properties]             # extra librdkafka consumer settings
+/// "fetch.max.bytes" = "1048576"
+/// ```
+///
+/// Construct it with serde (TOML, JSON, ...) or [`KafkaSourceConfig::new`], then
+/// check it with [`KafkaSourceConfig::validate`] (the factory does so too).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSourceConfig {
+    /// Bootstrap servers, `HOST:PORT[,HOST:PORT...]`.
+    pub bootstrap: String,
+    /// The topic to read. Every partition is read, including ones added later.
+    pub topic: String,
+    /// Where partitions without a checkpointed offset start on a first start.
+    #[serde(default)]
+    pub start: StartPosition,
+    /// Consumer group used to publish progress (and to read it for
+    /// `start = "group"`). Default `exactly-<pipeline name>`. The source never
+    /// joins the group: partitions are assigned explicitly.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// Commit the offsets of every completed checkpoint to the group, so lag
+    /// tools see progress. They are never read back, except by `start = "group"`
+    /// on a first start.
+    #[serde(default = "default_true")]
+    pub commit_offsets_to_group: bool,
+    /// How often the topic's metadata is read to find new partitions (which are
+    /// read from their beginning). Written like `"10s"`, `"500ms"`.
+    #[serde(default = "default_discovery", deserialize_with = "de_duration")]
+    pub partition_discovery_interval: Duration,
+    /// How long `restore` waits for the brokers before it reports them
+    /// unreachable (a transient error, so the runtime retries).
+    #[serde(default = "default_startup_timeout", deserialize_with = "de_duration")]
+    pub startup_timeout: Duration,
+    /// Extra librdkafka consumer settings (`"fetch.max.bytes" = "1048576"`);
+    /// strings, numbers and booleans are accepted. Settings the source owns are
+    /// rejected by [`validate`](Self::validate).
+    #[serde(default, deserialize_with = "de_properties")]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_discovery() -> Duration {
+    DEFAULT_PARTITION_DISCOVERY_INTERVAL
+}
+fn default_startup_timeout() -> Duration {
+    DEFAULT_STARTUP_TIMEOUT
+}
+
+/// Where a partition starts when the checkpoint has no offset for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartPosition {
+    /// The first record still in the partition.
+    #[default]
+    Earliest,
+    /// The end of the partition when the source first starts (for
+    /// read_committed this is the last stable offset): only records produced
+    /// afterwards are read.
+    Latest,
+    /// The offsets committed to `group_id`; partitions the group never
+    /// committed start at earliest.
+    Group,
+    /// The first record whose timestamp is at or after this Unix time in
+    /// milliseconds (Kafka's offsets-for-times); the end of the partition if
+    /// there is none.
+    Timestamp(i64),
+}
+
+impl fmt::Display for StartPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartPosition::Earliest => f.write_str("earliest"),
+            StartPosition::Latest => f.write_str("latest"),
+            StartPosition::Group => f.write_str("group"),
+            StartPosition::Timestamp(ms) => write!(f, "timestamp:{ms}"),
+        }
+    }
+}
+
+const START_EXPECTED: &str = "\"earliest\", \"latest\", \"group\", \"timestamp:<unix ms>\", an RFC 3339 time \
+     like \"2023-11-14T22:13:20Z\", or { timestamp_ms = <unix ms> }";
+
+impl StartPosition {
+    /// Parses the string forms: `earliest`, `latest`, `group`,
+    /// `timestamp:<unix ms>` or an RFC 3339 time (`2023-11-14T22:13:20Z`).
+    pub fn parse(text: &str) -> Result<StartPosition, String> {
+        match text {
+            "earliest" => return Ok(StartPosition::Earliest),
+            "latest" => return Ok(StartPosition::Latest),
+            "group" => return Ok(StartPosition::Group),
+            _ => {}
+        }
+        if let Some(ms) = text.strip_prefix("timestamp:") {
+            return ms
+                .trim()
+                .parse::<i64>()
+                .map(StartPosition::Timestamp)
+                .map_err(|e| format!("`start` = \"{text}\": the timestamp is not a whole number of milliseconds ({e})"));
+        }
+        let time = humantime::parse_rfc3339_weak(text)
+            .map_err(|_| format!("`start` = \"{text}\" is not a start position; expected {START_EXPECTED}"))?;
+        let ms = match time.duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_millis() as i64,
+            Err(_) => return Err(format!("`start` = \"{text}\" is before 1970")),
+        };
+        Ok(StartPosition::Timestamp(ms))
+    }
+
+    /// A timestamp start at `time`.
+    pub fn at(time: SystemTime) -> StartPosition {
+        let ms = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        StartPosition::Timestamp(ms)
+    }
+}
+
+impl<'de> Deserialize<'de> for StartPosition {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct StartVisitor;
+
+        impl<'de> Visitor<'de> for StartVisitor {
+            type Value = StartPosition;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(START_EXPECTED)
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StartPosition, E> {
+                StartPosition::parse(v).map_err(E::custom)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StartPosition, A::Error> {
+                let mut ms = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key != "timestamp_ms" || ms.is_some() {
+                        return Err(de::Error::custom(format!(
+                            "`start` has an unexpected key `{key}`; write start = {{ timestamp_ms = <unix ms> }}"
+                        )));
+                    }
+                    ms = Some(map.next_value::<i64>()?);
+                }
+                ms.map(StartPosition::Timestamp)
+                    .ok_or_else(|| de::Error::custom("`start` needs `timestamp_ms`: start = { timestamp_ms = <unix ms> }"))
+            }
+        }
+
+        d.deserialize_any(StartVisitor)
+    }
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text)
+        .map_err(|e| de::Error::custom(format!("`{text}` is not a duration ({e}); write e.g. \"10s\" or \"500ms\"")))
+}
+
+/// A librdkafka setting value: librdkafka wants strings, TOML users write numbers too.
+struct PropertyValue(String);
+
+impl<'de> Deserialize<'de> for PropertyValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ValueVisitor;
+
+        impl Visitor<'_> for ValueVisitor {
+            type Value = PropertyValue;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string, number or boolean librdkafka setting")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PropertyValue, E> {
+                Ok(PropertyValue(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<PropertyValue, E> {
+                Ok(PropertyValue(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PropertyValue, E> {
+                Ok(PropertyValue(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PropertyValue, E> {
+                Ok(PropertyValue(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<PropertyValue, E> {
+                Ok(PropertyValue(v.to_string()))
+            }
+        }
+
+        d.deserialize_any(ValueVisitor)
+    }
+}
+
+fn de_properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let map = BTreeMap::<String, PropertyValue>::deserialize(d)?;
+    Ok(map.into_iter().map(|(k, v)| (k, v.0)).collect())
+}
+
+/// A setting of [`KafkaSourceConfig`] is invalid. `key` is the setting's name
+/// inside `[source.kafka]`; the message says how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("kafka source: `{key}` {problem}")]
+pub struct KafkaConfigError {
+    /// The offending key (`topic`, `properties."group.id"`, ...).
+    pub key: String,
+    /// What is wrong and how to fix it.
+    pub problem: String,
+}
+
+fn invalid(key: impl Into<String>, problem: impl Into<String>) -> Result<(), KafkaConfigError> {
+    Err(KafkaConfigError {
+        key: key.into(),
+        problem: problem.into(),
+    })
+}
+
+impl KafkaSourceConfig {
+    /// Settings for `topic` on `bootstrap`, with every other key at its default.
+    pub fn new(bootstrap: impl Into<String>, topic: impl Into<String>) -> Self {
+        KafkaSourceConfig {
+            bootstrap: bootstrap.into(),
+            topic: topic.into(),
+            start: StartPosition::default(),
+            group_id: None,
+            commit_offsets_to_group: true,
+            partition_discovery_interval: DEFAULT_PARTITION_DISCOVERY_INTERVAL,
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            properties: BTreeMap::new(),
+        }
+    }
+
+    /// The consumer group: `group_id`, or `exactly-<pipeline>`.
+    pub fn group_for(&self, pipeline: &str) -> String {
+        self.group_id.clone().unwrap_or_else(|| format!("exactly-{pipeline}"))
+    }
+
+    /// Checks every setting; the error names the key and the fix.
+    pub fn validate(&self) -> Result<(), KafkaConfigError> {
+        let servers: Vec<&str> = self.bootstrap.split(',').map(str::trim).collect();
+        if self.bootstrap.trim().is_empty() {
+            return invalid("bootstrap", "is empty; set it to the brokers, e.g. \"127.0.0.1:9092\"");
+        }
+        if let Some(bad) = servers.iter().find(|s| s.is_empty() || s.contains(char::is_whitespace)) {
+            return invalid(
+                "bootstrap",
+                format!("has an invalid entry \"{bad}\"; write HOST:PORT entries separated by commas"),
+            );
+        }
+        check_topic(&self.topic)?;
+        if let StartPosition::Timestamp(ms) = self.start {
+            if ms < 0 {
+                return invalid("start", format!("timestamp {ms} is negative; give Unix milliseconds"));
+            }
+        }
+        if let Some(group) = &self.group_id {
+            if group.trim().is_empty() {
+                return invalid("group_id", "is empty; remove it to use exactly-<pipeline name>, or name a group");
+            }
+        }
+        if self.partition_discovery_interval < Duration::from_millis(100) {
+            return invalid(
+                "partition_discovery_interval",
+                "must be at least 100ms; write e.g. \"10s\"",
+            );
+        }
+        if self.startup_timeout.is_zero() {
+            return invalid("startup_timeout", "must be greater than 0s; write e.g. \"30s\"");
+        }
+        for (key, value) in &self.properties {
+            if let Some((_, fix)) = RESERVED_PROPERTIES.iter().find(|(k, _)| k == key) {
+                return invalid(
+                    format!("properties.\"{key}\""),
+                    format!("is set by the source and cannot be overridden: {fix}"),
+                );
+            }
+            if key.trim().is_empty() || value.contains('\0') {
+                return invalid(format!("properties.\"{key}\""), "is not a valid librdkafka setting");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Kafka's rules for topic names.
+fn check_topic(topic: &str) -> Result<(), KafkaConfigError> {
+    if topic.is_empty() {
+        return invalid("topic", "is empty; set it to the topic to read");
+    }
+    if topic == "." || topic == ".." || topic.len() > 249 {
+        return invalid("topic", format!("\"{topic}\" is not a valid Kafka topic name"));
+    }
+    if let Some(c) = topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return invalid(
+            "topic",
+            format!("\"{topic}\" contains '{c}'; Kafka topic names use only letters, digits, '.', '_' and '-'"),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        source: Source,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(rename_all = "snake_case", deny_unknown_fields)]
+    enum Source {
+        Kafka(KafkaSourceConfig),
+    }
+
+    fn parse(body: &str) -> Result<KafkaSourceConfig, String> {
+        let text = format!("[source.kafka]\nbootstrap = \"127.0.0.1:9092\"\ntopic = \"orders\"\n{body}");
+        let File {
+            source: Source::Kafka(config),
+        } = toml::from_str(&text).map_err(|e| e.to_string())?;
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c, KafkaSourceConfig::new("127.0.0.1:9092", "orders"));
+        assert_eq!(c.start, StartPosition::Earliest);
+        assert!(c.commit_offsets_to_group);
+        assert_eq!(c.partition_discovery_interval, Duration::from_secs(10));
+        assert_eq!(c.group_for("p"), "exactly-p");
+    }
+
+    #[test]
+    fn every_key() {
+        let c = parse(
+            r#"
+start = "latest"
+group_id = "g"
+commit_offsets_to_group = false
+partition_discovery_interval = "250ms"
+startup_timeout = "2s"
+[source.kafka.properties]
+"fetch.max.bytes" = 1048576
+"check.crcs" = true
+"client.id" = "me"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.start, StartPosition::Latest);
+        assert_eq!(c.group_for("p"), "g");
+        assert!(!c.commit_offsets_to_group);
+        assert_eq!(c.partition_discovery_interval, Duration::from_millis(250));
+        assert_eq!(c.startup_timeout, Duration::from_secs(2));
+        assert_eq!(c.properties["fetch.max.bytes"], "1048576");
+        assert_eq!(c.properties["check.crcs"], "true");
+        assert_eq!(c.properties["client.id"], "me");
+    }
+
+    #[test]
+    fn start_forms() {
+        let start = |s: &str| parse(&format!("start = {s}")).map(|c| c.start);
+        assert_eq!(start("\"earliest\""), Ok(StartPosition::Earliest));
+        assert_eq!(start("\"group\""), Ok(StartPosition::Group));
+        assert_eq!(start("{ timestamp_ms = 1700000000000 }"), Ok(StartPosition::Timestamp(1_700_000_000_000)));
+        assert_eq!(start("\"timestamp:1700000000000\""), Ok(StartPosition::Timestamp(1_700_000_000_000)));
+        assert_eq!(start("\"2023-11-14T22:13:20Z\""), Ok(StartPosition::Timestamp(1_700_000_000_000)));
+        assert_eq!(start("\"2023-11-14T22:13:20.5Z\""), Ok(StartPosition::Timestamp(1_700_000_000_500)));
+        assert_eq!(StartPosition::Timestamp(5).to_string(), "timestamp:5");
+        assert_eq!(StartPosition::parse("timestamp:5"), Ok(StartPosition::Timestamp(5)));
+    }
+
+    #[test]
+    fn bad_start_values_say_what_is_expected() {
+        let e = parse("start = \"beginning\"").unwrap_err();
+        assert!(e.contains("`start` = \"beginning\"") && e.contains("\"earliest\""), "{e}");
+        let e = parse("start = \"timestamp:soon\"").unwrap_err();
+        assert!(e.contains("milliseconds"), "{e}");
+        let e = parse("start = { ts = 5 }").unwrap_err();
+        assert!(e.contains("unexpected key `ts`"), "{e}");
+        let e = parse("start = {}").unwrap_err();
+        assert!(e.contains("needs `timestamp_ms`"), "{e}");
+        let e = parse("start = { timestamp_ms = -5 }").unwrap_err();
+        assert!(e.contains("`start`") && e.contains("negative"), "{e}");
+        let e = parse("start = 5").unwrap_err();
+        assert!(e.contains("earliest"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_durations_are_rejected() {
+        let e = parse("topics = \"x\"").unwrap_err();
+        assert!(e.contains("topics"), "{e}");
+        let e = parse("partition_discovery_interval = \"often\"").unwrap_err();
+        assert!(e.contains("often") && e.contains("duration"), "{e}");
+        let e = parse("partition_discovery_interval = \"1ms\"").unwrap_err();
+        assert!(e.contains("`partition_discovery_interval` must be at least 100ms"), "{e}");
+        let e = parse("startup_timeout = \"0s\"").unwrap_err();
+        assert!(e.contains("`startup_timeout`"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_key_and_the_fix() {
+        let check = |f: &dyn Fn(&mut KafkaSourceConfig)| {
+            let mut c = KafkaSourceConfig::new("127.0.0.1:9092", "orders");
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        let e = check(&|c| c.bootstrap = " ".into());
+        assert!(e.contains("`bootstrap` is empty"), "{e}");
+        let e = check(&|c| c.bootstrap = "a:1,,b:2".into());
+        assert!(e.contains("`bootstrap` has an invalid entry"), "{e}");
+        let e = check(&|c| c.topic = String::new());
+        assert!(e.contains("`topic` is empty"), "{e}");
+        let e = check(&|c| c.topic = "a/b".into());
+        assert!(e.contains("`topic`") && e.contains("'/'"), "{e}");
+        let e = check(&|c| c.group_id = Some(String::new()));
+        assert!(e.contains("`group_id` is empty"), "{e}");
+        let e = check(&|c| {
+            c.properties.insert("isolation.level".into(), "read_uncommitted".into());
+        });
+        assert!(e.contains("`properties.\"isolation.level\"`") && e.contains("read_committed"), "{e}");
+        let e = check(&|c| {
+            c.properties.insert("group.id".into(), "x".into());
+        });
+        assert!(e.contains("set `group_id` instead"), "{e}");
+    }
+}

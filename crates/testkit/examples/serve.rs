@@ -1,0 +1,45 @@
+//! Starts real services and prints their addresses as environment variable
+//! assignments, then keeps them running until Enter (or end of input).
+//!
+//! ```text
+//! cargo run -p exactly-testkit --example serve -- postgres redis kafka
+//! ```
+//!
+//! The printed lines can be exported in another shell so that tests and the
+//! demo use these services instead of starting their own.
+
+use std::io::BufRead;
+
+use exactly_testkit::{KafkaBroker, PostgresServer, RedisServer, TestkitError};
+
+fn main() -> Result<(), TestkitError> {
+    let mut wanted: Vec<String> = std::env::args().skip(1).collect();
+    if wanted.is_empty() {
+        wanted = vec!["postgres".into(), "redis".into(), "kafka".into()];
+    }
+    let mut keep: Vec<Box<dyn std::any::Any>> = Vec::new();
+    for name in &wanted {
+        match name.as_str() {
+            "postgres" => {
+                let pg = PostgresServer::start()?;
+                println!("EXACTLY_DATABASE_URL={}", pg.url());
+                keep.push(Box::new(pg));
+            }
+            "redis" => {
+                let redis = RedisServer::start()?;
+                println!("EXACTLY_REDIS_URL={}", redis.url());
+                keep.push(Box::new(redis));
+            }
+            "kafka" => {
+                let kafka = KafkaBroker::start()?;
+                println!("EXACTLY_KAFKA_BOOTSTRAP={}", kafka.bootstrap());
+                keep.push(Box::new(kafka));
+            }
+            other => eprintln!("unknown service {other:?}: use postgres, redis or kafka"),
+        }
+    }
+    eprintln!("running; press Enter to stop");
+    let _ = std::io::stdin().lock().lines().next();
+    drop(keep);
+    Ok(())
+}
