@@ -151,9 +151,13 @@ impl ConsumerContext for SourceContext {
     }
 }
 
-/// Settings shared by every consumer the crate creates.
+/// Settings shared by every consumer the crate creates: explicit offsets only,
+/// nothing stored or committed automatically, committed data only. Offsets
+/// that are out of range (deleted by retention) restart at the earliest
+/// record unless `properties` says otherwise.
 pub(crate) fn consumer_config(bootstrap: &str, group: &str, properties: &BTreeMap<String, String>) -> ClientConfig {
-    let mut config = client_config(bootstrap, properties);
+    let defaults = [("auto.offset.reset".to_string(), "earliest".to_string())];
+    let mut config = client_config(bootstrap, defaults.iter().map(|(k, v)| (k, v)).chain(properties));
     config
         .set("group.id", group)
         .set("enable.auto.commit", "false")
