@@ -11,6 +11,7 @@
 pub mod coordinator;
 pub mod error;
 pub mod fault;
+pub mod idempotent;
 pub mod metrics;
 pub mod pipeline;
 pub mod record;
@@ -23,6 +24,10 @@ pub use coordinator::{
     Action, CheckpointConfig, CheckpointData, CommitLedger, Coordinator, Event, PendingCommit, TaskId, TaskState,
 };
 pub use error::{ConnectorError, PipelineError, StoreError};
+pub use idempotent::{
+    DeadLetter, Fenced, FencedSink, FencedSinkFactory, HeldRecords, IdempotentSink, IdempotentSinkFactory, ReplaySafe,
+    WriteAhead, WriteOutcome,
+};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use pipeline::{route, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};

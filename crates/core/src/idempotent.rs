@@ -1,0 +1,563 @@
+//! Exactly-once effects for stores without transactions.
+//!
+//! Connector authors implement one small trait and pick a strategy; an adapter
+//! turns it into a [`TwoPhaseCommitSink`] the runtime drives like any other:
+//!
+//! | strategy | trait | valid when | visible |
+//! |---|---|---|---|
+//! | [`ReplaySafe`] | [`IdempotentSink`] | every write is an upsert by a deterministic key | at once |
+//! | [`WriteAhead`] | [`IdempotentSink`] | writes are idempotent; output must appear only after the checkpoint | at commit |
+//! | [`Fenced`] | [`FencedSink`] | anything, even increments: the store applies a record only above the stored position of its split, atomically with the write | at once |
+//!
+//! Records carry deterministic identities (`split`, `offset`, or a user key), so
+//! a replay after a crash writes the same things again.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConnectorError;
+use crate::metrics::Metrics;
+use crate::record::{CheckpointId, Record};
+use crate::sink::{erase, ErasedSink, SinkContext, SinkFactory, TwoPhaseCommitSink};
+
+/// A record a sink refused, with the reason. Sinks store these in their own
+/// dead-letter destination; the adapters count them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Split of the refused record.
+    pub split: String,
+    /// Offset of the refused record.
+    pub offset: i64,
+    /// Why it was refused (e.g. "no key: field /id is missing").
+    pub reason: String,
+}
+
+/// What a write did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Records applied.
+    pub applied: usize,
+    /// Records skipped because the store had already applied them (fenced sinks).
+    pub skipped: usize,
+    /// Records refused and sent to the sink's dead-letter destination.
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+/// A sink whose writes are idempotent: writing the same records again (in the
+/// same order) leaves the store as if they were written once.
+#[async_trait]
+pub trait IdempotentSink: Send + 'static {
+    /// Connects and prepares. Called once, before any write; idempotent.
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
+    /// Writes a batch. Contract: idempotent under replay (upsert by a
+    /// deterministic key); records whose key cannot be derived go to the sink's
+    /// dead-letter destination and are reported in the outcome, never dropped.
+    async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError>;
+
+    /// Makes everything written so far durable in the store. Default: writes are
+    /// durable when `write` returns.
+    async fn flush(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+/// A sink that keeps, per `scope` and source split, the highest offset it has
+/// applied, and applies a record only when its offset is above it — checking
+/// and advancing that position atomically with the write.
+#[async_trait]
+pub trait FencedSink: Send + 'static {
+    /// Connects and prepares. Called once, before any write; idempotent.
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
+    /// Applies the records of `batch` whose offset is above the stored position
+    /// of (`scope`, record split) and advances that position, atomically per
+    /// record or per batch. Contract: after a crash, replaying records at or
+    /// below the stored position changes nothing.
+    async fn write_fenced(&mut self, scope: &str, batch: &[Record]) -> Result<WriteOutcome, ConnectorError>;
+
+    /// Makes everything written so far durable. Default: durable on return.
+    async fn flush(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+/// Creates the idempotent sink of each subtask.
+pub trait IdempotentSinkFactory: Send + Sync + 'static {
+    /// The sink type.
+    type Sink: IdempotentSink;
+    /// See [`SinkFactory::identity`].
+    fn identity(&self) -> String;
+    /// Creates the sink of one subtask.
+    fn create(&self, context: &SinkContext) -> Result<Self::Sink, ConnectorError>;
+}
+
+/// Creates the fenced sink of each subtask.
+pub trait FencedSinkFactory: Send + Sync + 'static {
+    /// The sink type.
+    type Sink: FencedSink;
+    /// See [`SinkFactory::identity`].
+    fn identity(&self) -> String;
+    /// Creates the sink of one subtask.
+    fn create(&self, context: &SinkContext) -> Result<Self::Sink, ConnectorError>;
+}
+
+fn count(metrics: &Metrics, outcome: &WriteOutcome) {
+    if !outcome.dead_letters.is_empty() {
+        for d in &outcome.dead_letters {
+            tracing::warn!(split = %d.split, offset = d.offset, reason = %d.reason, "record sent to the dead-letter destination");
+        }
+        metrics.add_dead_letters(outcome.dead_letters.len() as u64);
+    }
+}
+
+// ---------------------------------------------------------------- replay-safe
+
+/// Strategy 1: write records as they arrive, flush at every checkpoint. After a
+/// failure the replay rewrites the same keys, so the final state is exact.
+pub struct ReplaySafe<F>(pub F);
+
+struct ReplaySafeSink<S> {
+    sink: S,
+    context: SinkContext,
+}
+
+impl<F: IdempotentSinkFactory> SinkFactory for ReplaySafe<F> {
+    fn identity(&self) -> String {
+        format!("replay-safe({})", self.0.identity())
+    }
+    fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
+        Ok(erase(ReplaySafeSink {
+            sink: self.0.create(&context)?,
+            context,
+        }))
+    }
+}
+
+#[async_trait]
+impl<S: IdempotentSink> TwoPhaseCommitSink for ReplaySafeSink<S> {
+    type Transaction = ();
+    type Committable = ();
+
+    async fn recover(&mut self, _pending: &[()]) -> Result<(), ConnectorError> {
+        self.sink.open().await
+    }
+    async fn begin(&mut self, _checkpoint: CheckpointId) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+    async fn write(&mut self, _txn: &mut (), batch: &[Record]) -> Result<(), ConnectorError> {
+        let outcome = self.sink.write(batch).await?;
+        count(&self.context.metrics, &outcome);
+        Ok(())
+    }
+    async fn pre_commit(&mut self, _txn: ()) -> Result<(), ConnectorError> {
+        self.sink.flush().await
+    }
+    async fn commit(&mut self, _c: &()) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+    async fn abort(&mut self, _txn: ()) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- write-ahead
+
+/// Strategy 2: hold a checkpoint's records and write them only after that
+/// checkpoint completes. Up to `inline_limit` records travel inside the
+/// checkpoint; larger intervals spill to an fsynced file in `spill_dir`.
+pub struct WriteAhead<F> {
+    /// The wrapped factory.
+    pub factory: F,
+    /// Folder for spill files (one per pending interval and subtask).
+    pub spill_dir: PathBuf,
+    /// Intervals with at most this many records are kept in the checkpoint itself.
+    pub inline_limit: usize,
+}
+
+/// The committable of [`WriteAhead`]: the held records, or the file holding them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum HeldRecords {
+    /// Records stored in the checkpoint.
+    Inline(Vec<Record>),
+    /// Records spilled to this file (JSON lines).
+    Spilled(PathBuf),
+}
+
+struct WriteAheadSink<S> {
+    sink: S,
+    context: SinkContext,
+    spill_dir: PathBuf,
+    inline_limit: usize,
+}
+
+impl<F: IdempotentSinkFactory> SinkFactory for WriteAhead<F> {
+    fn identity(&self) -> String {
+        format!("write-ahead({})", self.factory.identity())
+    }
+    fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
+        Ok(erase(WriteAheadSink {
+            sink: self.factory.create(&context)?,
+            spill_dir: self.spill_dir.join(&context.pipeline),
+            inline_limit: self.inline_limit,
+            context,
+        }))
+    }
+}
+
+fn spill_error(path: &std::path::Path, e: impl std::fmt::Display) -> ConnectorError {
+    ConnectorError::transient("write-ahead spill file", format!("{}: {e}", path.display()))
+}
+
+impl<S: IdempotentSink> WriteAheadSink<S> {
+    fn spill_prefix(&self) -> String {
+        format!("spill-{}-", self.context.subtask)
+    }
+
+    async fn spill(&mut self, checkpoint: CheckpointId, records: &[Record]) -> Result<PathBuf, ConnectorError> {
+        let path = self.spill_dir.join(format!(
+            "{}{}-{:08x}.jsonl",
+            self.spill_prefix(),
+            checkpoint.0,
+            rand::random::<u32>()
+        ));
+        let mut bytes = Vec::new();
+        for r in records {
+            serde_json::to_writer(&mut bytes, r).map_err(|e| spill_error(&path, e))?;
+            bytes.push(b'\n');
+        }
+        let p = path.clone();
+        let dir = self.spill_dir.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Write;
+            std::fs::create_dir_all(&dir)?;
+            let mut f = std::fs::File::create(&p)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::File::open(&dir)?.sync_all()
+        })
+        .await
+        .expect("spill task panicked")
+        .map_err(|e| spill_error(&path, e))?;
+        Ok(path)
+    }
+
+    async fn read_spill(path: &std::path::Path) -> Result<Option<Vec<Record>>, ConnectorError> {
+        match tokio::fs::read(path).await {
+            Ok(bytes) => bytes
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice(l).map_err(|e| spill_error(path, e)))
+                .collect::<Result<Vec<Record>, _>>()
+                .map(Some),
+            // Deleted only after its records were written: already committed.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(spill_error(path, e)),
+        }
+    }
+}
+
+/// An interval's records on their way to a [`WriteAhead`] checkpoint.
+pub struct HeldInterval {
+    checkpoint: CheckpointId,
+    records: Vec<Record>,
+}
+
+#[async_trait]
+impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
+    type Transaction = HeldInterval;
+    type Committable = HeldRecords;
+
+    async fn recover(&mut self, pending: &[HeldRecords]) -> Result<(), ConnectorError> {
+        self.sink.open().await?;
+        for held in pending {
+            self.commit(held).await?;
+        }
+        // Spill files the checkpoint does not list belong to intervals that never
+        // completed: their records will be replayed.
+        let listed: Vec<&PathBuf> = pending
+            .iter()
+            .filter_map(|h| match h {
+                HeldRecords::Spilled(p) => Some(p),
+                HeldRecords::Inline(_) => None,
+            })
+            .collect();
+        if let Ok(mut entries) = tokio::fs::read_dir(&self.spill_dir).await {
+            while let Ok(Some(e)) = entries.next_entry().await {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&self.spill_prefix()) && !listed.contains(&&e.path()) {
+                    tokio::fs::remove_file(e.path())
+                        .await
+                        .map_err(|err| spill_error(&e.path(), err))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<HeldInterval, ConnectorError> {
+        Ok(HeldInterval {
+            checkpoint,
+            records: Vec::new(),
+        })
+    }
+
+    async fn write(&mut self, txn: &mut HeldInterval, batch: &[Record]) -> Result<(), ConnectorError> {
+        txn.records.extend_from_slice(batch);
+        Ok(())
+    }
+
+    async fn pre_commit(&mut self, txn: HeldInterval) -> Result<HeldRecords, ConnectorError> {
+        if txn.records.len() <= self.inline_limit {
+            Ok(HeldRecords::Inline(txn.records))
+        } else {
+            Ok(HeldRecords::Spilled(self.spill(txn.checkpoint, &txn.records).await?))
+        }
+    }
+
+    async fn commit(&mut self, held: &HeldRecords) -> Result<(), ConnectorError> {
+        let records = match held {
+            HeldRecords::Inline(r) => r.clone(),
+            HeldRecords::Spilled(path) => match Self::read_spill(path).await? {
+                Some(r) => r,
+                None => return Ok(()),
+            },
+        };
+        let outcome = self.sink.write(&records).await?;
+        self.sink.flush().await?;
+        count(&self.context.metrics, &outcome);
+        if let HeldRecords::Spilled(path) = held {
+            tokio::fs::remove_file(path).await.map_err(|e| spill_error(path, e))?;
+        }
+        Ok(())
+    }
+
+    async fn abort(&mut self, _txn: HeldInterval) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- fenced
+
+/// Strategy 3: the store applies each record only above the stored position of
+/// its split, atomically with the write — exactly-once effects even for
+/// increments. The fence scope is `<pipeline>/<sink identity>`.
+pub struct Fenced<F>(pub F);
+
+struct FencedAdapterSink<S> {
+    sink: S,
+    scope: String,
+    context: SinkContext,
+}
+
+impl<F: FencedSinkFactory> SinkFactory for Fenced<F> {
+    fn identity(&self) -> String {
+        format!("fenced({})", self.0.identity())
+    }
+    fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
+        Ok(erase(FencedAdapterSink {
+            sink: self.0.create(&context)?,
+            scope: format!("{}/{}", context.pipeline, self.0.identity()),
+            context,
+        }))
+    }
+}
+
+#[async_trait]
+impl<S: FencedSink> TwoPhaseCommitSink for FencedAdapterSink<S> {
+    type Transaction = ();
+    type Committable = ();
+
+    async fn recover(&mut self, _pending: &[()]) -> Result<(), ConnectorError> {
+        self.sink.open().await
+    }
+    async fn begin(&mut self, _checkpoint: CheckpointId) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+    async fn write(&mut self, _txn: &mut (), batch: &[Record]) -> Result<(), ConnectorError> {
+        let outcome = self.sink.write_fenced(&self.scope, batch).await?;
+        if outcome.skipped > 0 {
+            tracing::debug!(
+                skipped = outcome.skipped,
+                "replayed records skipped by the position fence"
+            );
+        }
+        count(&self.context.metrics, &outcome);
+        Ok(())
+    }
+    async fn pre_commit(&mut self, _txn: ()) -> Result<(), ConnectorError> {
+        self.sink.flush().await
+    }
+    async fn commit(&mut self, _c: &()) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+    async fn abort(&mut self, _txn: ()) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// An in-memory key/value store shared by the subtasks of a unit test: the
+    /// adapters' logic under test, not a stand-in for a connector.
+    #[derive(Clone, Default)]
+    struct Store {
+        values: Arc<Mutex<BTreeMap<String, String>>>,
+        counter: Arc<Mutex<i64>>,
+        fences: Arc<Mutex<BTreeMap<(String, String), i64>>>,
+    }
+
+    #[async_trait]
+    impl IdempotentSink for Store {
+        async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
+            {
+                let mut out = WriteOutcome::default();
+                let mut values = self.values.lock().unwrap();
+                for r in batch {
+                    match &r.key {
+                        Some(k) => {
+                            values.insert(
+                                String::from_utf8_lossy(k).into(),
+                                String::from_utf8_lossy(&r.value).into(),
+                            );
+                            out.applied += 1;
+                        }
+                        None => out.dead_letters.push(DeadLetter {
+                            split: r.split.clone(),
+                            offset: r.offset,
+                            reason: "no key".into(),
+                        }),
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    #[async_trait]
+    impl FencedSink for Store {
+        async fn write_fenced(&mut self, scope: &str, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
+            let mut out = WriteOutcome::default();
+            let mut fences = self.fences.lock().unwrap();
+            let mut counter = self.counter.lock().unwrap();
+            for r in batch {
+                let fence = fences.entry((scope.to_string(), r.split.clone())).or_insert(-1);
+                if r.offset > *fence {
+                    *counter += 1;
+                    *fence = r.offset;
+                    out.applied += 1;
+                } else {
+                    out.skipped += 1;
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    struct StoreFactory(Store);
+    impl IdempotentSinkFactory for StoreFactory {
+        type Sink = Store;
+        fn identity(&self) -> String {
+            "memory".into()
+        }
+        fn create(&self, _: &SinkContext) -> Result<Store, ConnectorError> {
+            Ok(self.0.clone())
+        }
+    }
+    impl FencedSinkFactory for StoreFactory {
+        type Sink = Store;
+        fn identity(&self) -> String {
+            "memory".into()
+        }
+        fn create(&self, _: &SinkContext) -> Result<Store, ConnectorError> {
+            Ok(self.0.clone())
+        }
+    }
+
+    fn context() -> SinkContext {
+        SinkContext {
+            pipeline: "p".into(),
+            subtask: 0,
+            parallelism: 1,
+            metrics: Arc::default(),
+        }
+    }
+
+    fn keyed(offsets: std::ops::Range<i64>) -> Vec<Record> {
+        offsets
+            .map(|o| Record::new("s-0", o, format!("v{o}")).with_key(format!("k{}", o % 3)))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn write_ahead_shows_nothing_before_commit_and_recovers_spilled_intervals() {
+        let spill = tempfile::tempdir().unwrap();
+        let store = Store::default();
+        let factory = WriteAhead {
+            factory: StoreFactory(store.clone()),
+            spill_dir: spill.path().to_path_buf(),
+            inline_limit: 2,
+        };
+        let ctx = context();
+        let mut sink = factory.create(ctx.clone()).unwrap();
+        sink.recover(&[]).await.unwrap();
+        sink.write(CheckpointId(1), &keyed(0..5)).await.unwrap();
+        let spilled = sink.pre_commit().await.unwrap().unwrap();
+        assert!(spilled.to_string().contains("Spilled"), "{spilled}");
+        assert!(store.values.lock().unwrap().is_empty(), "nothing visible before commit");
+        sink.write(CheckpointId(2), &keyed(5..6)).await.unwrap();
+        let inline = sink.pre_commit().await.unwrap().unwrap();
+        let orphan_interval = {
+            sink.write(CheckpointId(3), &keyed(6..9)).await.unwrap();
+            sink.pre_commit().await.unwrap().unwrap()
+        };
+        // Crash: a new subtask recovers with the checkpoint listing 1 and 2 only.
+        let mut restarted = factory.create(ctx).unwrap();
+        restarted.recover(&[spilled.clone(), inline.clone()]).await.unwrap();
+        restarted.recover(&[spilled, inline]).await.unwrap();
+        let values = store.values.lock().unwrap().clone();
+        assert_eq!(values.get("k2").map(String::as_str), Some("v5"));
+        assert_eq!(values.len(), 3);
+        assert_eq!(
+            std::fs::read_dir(spill.path().join("p")).unwrap().count(),
+            0,
+            "{orphan_interval}"
+        );
+    }
+
+    #[tokio::test]
+    async fn replay_safe_counts_dead_letters() {
+        let store = Store::default();
+        let ctx = context();
+        let metrics = ctx.metrics.clone();
+        let mut sink = ReplaySafe(StoreFactory(store.clone())).create(ctx).unwrap();
+        sink.recover(&[]).await.unwrap();
+        let mut batch = keyed(0..3);
+        batch.push(Record::new("s-0", 3, "no key"));
+        sink.write(CheckpointId(1), &batch).await.unwrap();
+        assert_eq!(store.values.lock().unwrap().len(), 3, "visible at once");
+        assert_eq!(metrics.snapshot().dead_letters, 1);
+    }
+
+    #[tokio::test]
+    async fn the_fence_drops_replayed_increments() {
+        let store = Store::default();
+        let mut sink = Fenced(StoreFactory(store.clone())).create(context()).unwrap();
+        sink.recover(&[]).await.unwrap();
+        sink.write(CheckpointId(1), &keyed(0..10)).await.unwrap();
+        // A replay from offset 4 after a crash, then new records.
+        sink.write(CheckpointId(1), &keyed(4..12)).await.unwrap();
+        assert_eq!(*store.counter.lock().unwrap(), 12);
+    }
+}
