@@ -133,6 +133,8 @@ pub struct SequenceSection {
 pub enum SinkSection {
     /// Two-phase-commit files.
     File(FileSection),
+    /// Redis through an idempotent-sink strategy.
+    Redis(exactly_redis::RedisSinkConfig),
 }
 
 /// `[sink.file]`.
@@ -210,6 +212,11 @@ impl PipelineFile {
         fix(&mut self.checkpoint.dir);
         match &mut self.sink {
             SinkSection::File(f) => fix(&mut f.dir),
+            SinkSection::Redis(r) => {
+                if let Some(d) = &mut r.spill_dir {
+                    fix(d)
+                }
+            }
         }
     }
 
@@ -310,6 +317,9 @@ impl PipelineFile {
                 dir: f.dir.clone(),
                 format: f.format,
             }),
+            SinkSection::Redis(r) => exactly_redis::RedisSinkFactory::new(r.clone())
+                .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?
+                .into_sink_factory(),
         };
         Pipeline::new(self.pipeline_config(), source, sink, Arc::new(self.store()))
     }

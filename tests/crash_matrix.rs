@@ -6,65 +6,14 @@
 //! no loss — the proof that the check can fail.
 
 use std::collections::HashMap;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
+use std::process::Command;
 
-use exactly::core::SequenceSourceFactory;
+mod common;
+use common::*;
 
-const SPLITS: usize = 4;
-const PER_SPLIT: i64 = 1500;
-
-fn write_config(dir: &Path, guarantee: &str, parallelism: usize) -> PathBuf {
-    let file = dir.join("pipeline.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"name = "crash"
-guarantee = "{guarantee}"
-parallelism = {parallelism}
-[checkpoint]
-dir = "checkpoints"
-interval = "50ms"
-[restart]
-strategy = "none"
-[source.sequence]
-splits = {SPLITS}
-records_per_split = {PER_SPLIT}
-batch = 20
-delay_per_poll = "5ms"
-[sink.file]
-dir = "out"
-"#
-        ),
-    )
-    .unwrap();
-    file
-}
-
-fn run(config: &Path, crash_at: Option<&str>, extra: &[&str]) -> (ExitStatus, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
-    cmd.arg("run").arg(config).args(extra).env("RUST_LOG", "info");
-    cmd.env_remove("EXACTLY_CRASH_AT");
-    if let Some(point) = crash_at {
-        cmd.env("EXACTLY_CRASH_AT", point);
-    }
-    let out = cmd.output().expect("running the exactly binary");
-    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
-fn run_killed_at(config: &Path, point: &str) {
-    let (status, log) = run(config, Some(point), &[]);
-    assert_eq!(
-        status.signal(),
-        Some(libc::SIGKILL),
-        "the run was supposed to be killed at {point}; it ended with {status}:\n{log}"
-    );
-}
-
-fn run_to_completion(config: &Path) {
-    let (status, log) = run(config, None, &[]);
-    assert!(status.success(), "restart failed with {status}:\n{log}");
+fn write_file_config(dir: &Path, guarantee: &str, parallelism: usize) -> PathBuf {
+    write_config(dir, "crash", guarantee, parallelism, "[sink.file]\ndir = \"out\"")
 }
 
 struct Outcome {
@@ -79,13 +28,7 @@ fn outcome(dir: &Path) -> Outcome {
     for l in &lines {
         *counts.entry(l.as_str()).or_default() += 1;
     }
-    let expected = SequenceSourceFactory {
-        splits: SPLITS,
-        records_per_split: PER_SPLIT,
-        batch: 1,
-        delay_per_poll: Default::default(),
-    }
-    .expected_values();
+    let expected = expected_values();
     let unexpected = counts.keys().filter(|k| !expected.iter().any(|e| e == *k)).count();
     assert_eq!(unexpected, 0, "output holds values the source never produced");
     Outcome {
@@ -95,15 +38,10 @@ fn outcome(dir: &Path) -> Outcome {
     }
 }
 
-/// Kills the pipeline at each point in turn (each later point on a run that
-/// restarted from the previous crash), then lets it finish.
-fn crash_then_finish(guarantee: &str, points: &[&str]) -> Outcome {
+fn crash_file_pipeline(guarantee: &str, points: &[&str]) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), guarantee, 2);
-    for point in points {
-        run_killed_at(&config, point);
-    }
-    run_to_completion(&config);
+    let config = write_file_config(dir.path(), guarantee, 2);
+    crash_then_finish(&config, points);
     let o = outcome(dir.path());
     let pending = std::fs::read_dir(dir.path().join("out"))
         .unwrap()
@@ -115,8 +53,8 @@ fn crash_then_finish(guarantee: &str, points: &[&str]) -> Outcome {
 }
 
 fn assert_exactly_once(points: &[&str]) {
-    let o = crash_then_finish("exactly-once", points);
-    let expected = SPLITS * PER_SPLIT as usize;
+    let o = crash_file_pipeline("exactly-once", points);
+    let expected = TOTAL;
     assert_eq!(
         (o.lines, o.duplicates, o.missing),
         (expected, 0, 0),
@@ -174,7 +112,7 @@ fn exactly_once_after_repeated_kills() {
 /// checkpoint is persisted, so a crash there replays committed records.
 #[test]
 fn at_least_once_shows_duplicates_but_no_loss() {
-    let expected = SPLITS * PER_SPLIT as usize;
+    let expected = TOTAL;
     let mut duplicates = 0;
     for point in [
         "source.after_emit:40",
@@ -182,7 +120,7 @@ fn at_least_once_shows_duplicates_but_no_loss() {
         "coordinator.before_persist:3",
         "coordinator.after_persist:3",
     ] {
-        let o = crash_then_finish("at-least-once", &[point]);
+        let o = crash_file_pipeline("at-least-once", &[point]);
         assert_eq!(o.missing, 0, "at-least-once lost records after a crash at {point}");
         assert_eq!(o.lines, expected + o.duplicates);
         if point == "coordinator.before_persist:3" {
@@ -199,9 +137,9 @@ fn at_least_once_shows_duplicates_but_no_loss() {
 #[test]
 fn resuming_with_a_changed_definition_is_refused_with_what_changed() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "exactly-once", 2);
+    let config = write_file_config(dir.path(), "exactly-once", 2);
     run_killed_at(&config, "coordinator.after_persist:2");
-    let config = write_config(dir.path(), "exactly-once", 3);
+    let config = write_file_config(dir.path(), "exactly-once", 3);
     let (status, log) = run(&config, None, &[]);
     assert!(!status.success());
     assert!(log.contains("parallelism was `2`, is now `3`"), "{log}");
@@ -211,7 +149,7 @@ fn resuming_with_a_changed_definition_is_refused_with_what_changed() {
 #[test]
 fn checkpoints_are_listed_with_their_names() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "exactly-once", 2);
+    let config = write_file_config(dir.path(), "exactly-once", 2);
     run_to_completion(&config);
     let out = Command::new(env!("CARGO_BIN_EXE_exactly"))
         .args(["checkpoints", "list"])

@@ -5,12 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use exactly_core::ConnectorError;
+use exactly_core::{ConnectorError, Record};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::TopicPartitionList;
+
+use crate::source::split_name;
 
 /// Counters of a Kafka source, shared by all its subtasks (and by every run of
 /// the pipeline that uses the same factory). Read them with
@@ -164,4 +167,22 @@ pub(crate) fn consumer_config(bootstrap: &str, group: &str, properties: &BTreeMa
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed");
     config
+}
+
+/// A consumed message as a [`Record`] of split `<topic>-<partition>`. A header
+/// without a value becomes an empty value.
+pub(crate) fn to_record(message: &BorrowedMessage<'_>) -> Record {
+    let headers = message.headers().map_or_else(Vec::new, |h| {
+        h.iter()
+            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
+            .collect()
+    });
+    Record {
+        split: split_name(message.topic(), message.partition()),
+        offset: message.offset(),
+        key: message.key().map(<[u8]>::to_vec),
+        value: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+        timestamp_ms: message.timestamp().to_millis(),
+        headers,
+    }
 }

@@ -24,6 +24,8 @@
 //! # Ok::<(), exactly_testkit::TestkitError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod error;
 #[macro_use]
 mod handle;

@@ -35,6 +35,17 @@ impl RedisServer {
     /// --dir <temp dir>` on a free port and waits (at most 30 s) until it
     /// accepts connections.
     pub fn start() -> Result<RedisServer> {
+        Self::start_with(false)
+    }
+
+    /// Like [`start`](Self::start), but durable: `--appendonly yes
+    /// --appendfsync always`, so everything acknowledged survives `stop()` /
+    /// `restart()` (a crash of the server).
+    pub fn start_persistent() -> Result<RedisServer> {
+        Self::start_with(true)
+    }
+
+    fn start_with(persistent: bool) -> Result<RedisServer> {
         if let Some(handle) = ServiceHandle::from_env(&KIND) {
             return Ok(RedisServer { handle });
         }
@@ -48,7 +59,12 @@ impl RedisServer {
         let data_dir = dir.path().as_os_str().to_os_string();
         let args = move |port: u16| -> Vec<OsString> {
             let mut args: Vec<OsString> = vec!["--port".into(), port.to_string().into()];
-            for arg in ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"] {
+            let durability: &[&str] = if persistent {
+                &["--appendonly", "yes", "--appendfsync", "always"]
+            } else {
+                &["--appendonly", "no"]
+            };
+            for arg in ["--bind", "127.0.0.1", "--save", ""].iter().chain(durability) {
                 args.push(arg.into());
             }
             args.extend(["--daemonize".into(), "no".into(), "--dir".into()]);

@@ -1,6 +1,6 @@
 //! Starts every real service and proves it works, without client crates:
-//! `psql` for PostgreSQL, hand-written RESP for Redis and a hand-encoded
-//! Kafka ApiVersions request for the broker.
+//! `psql` for PostgreSQL, hand-written RESP for Redis and hand-encoded Kafka
+//! requests (ApiVersions, CreateTopics, Metadata) for the broker.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -18,6 +18,13 @@ fn init_tracing() {
         .with_test_writer()
         .with_env_filter("exactly_testkit=debug")
         .try_init();
+}
+
+/// Connects to a loopback port with a read timeout.
+fn connect(port: u16) -> TcpStream {
+    let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the service");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream
 }
 
 /// Drops a service handle; a service the testkit started must have closed
@@ -152,12 +159,6 @@ fn resp(stream: &mut TcpStream, args: &[&str]) -> String {
     reply
 }
 
-fn redis_connect(port: u16) -> TcpStream {
-    let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
-    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-    stream
-}
-
 #[test]
 fn redis_answers_ping_set_get() {
     init_tracing();
@@ -165,7 +166,7 @@ fn redis_answers_ping_set_get() {
     if !redis.is_external() {
         assert_eq!(redis.url(), format!("redis://127.0.0.1:{}/", redis.port()));
     }
-    let mut conn = redis_connect(redis.port());
+    let mut conn = connect(redis.port());
     assert_eq!(resp(&mut conn, &["PING"]), "+PONG\r\n");
     assert_eq!(resp(&mut conn, &["SET", "testkit:k", "v1"]), "+OK\r\n");
     assert_eq!(resp(&mut conn, &["GET", "testkit:k"]), "$2\r\nv1\r\n");
@@ -191,7 +192,7 @@ fn redis_stop_and_restart_on_the_same_port() {
     redis.restart().expect("restart");
     assert!(redis.is_running());
     assert_eq!(redis.port(), port);
-    let mut conn = redis_connect(port);
+    let mut conn = connect(port);
     assert_eq!(resp(&mut conn, &["PING"]), "+PONG\r\n");
 }
 
@@ -212,8 +213,7 @@ fn put_str(buf: &mut Vec<u8>, s: &str) {
 /// id, client id) and returns the response's correlation id and the rest of
 /// the response (header v0, so the body follows directly).
 fn kafka_request(port: u16, api_key: i16, version: i16, correlation_id: i32, body: &[u8]) -> (i32, Vec<u8>) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to broker");
-    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut stream = connect(port);
     let mut message = Vec::new();
     message.extend_from_slice(&api_key.to_be_bytes());
     message.extend_from_slice(&version.to_be_bytes());

@@ -1,0 +1,635 @@
+//! The Kafka source: [`KafkaSourceFactory`] and its subtasks.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use exactly_core::{CheckpointId, ConnectorError, Poll, Record, SplitPositions, Source, SourceFactory};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
+
+use crate::client::{
+    consumer_config, creation_error, is_fatal, to_record, KafkaSourceMetrics, KafkaSourceMetricsSnapshot, SourceContext,
+};
+use crate::config::{KafkaConfigError, KafkaSourceConfig, StartPosition};
+
+/// How long `poll` waits for the first record.
+const POLL_WAIT: Duration = Duration::from_millis(100);
+/// Longest single metadata / offset request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between attempts while the brokers do not answer at start.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// Position snapshots kept for group commits.
+const SNAPSHOTS_KEPT: usize = 64;
+
+type KafkaConsumer = BaseConsumer<SourceContext>;
+
+/// The split name of a partition: `<topic>-<partition>`, which
+/// [`Record::topic_partition`] parses back.
+pub fn split_name(topic: &str, partition: i32) -> String {
+    format!("{topic}-{partition}")
+}
+
+/// Reads one Kafka topic with exactly-once positions.
+///
+/// - Partition `p` belongs to subtask `p % parallelism`; partitions are assigned
+///   explicitly (the consumer never joins the group, no rebalancing).
+/// - Splits are named `<topic>-<partition>`; a split's position is the offset of
+///   the next record to read. Checkpointed positions are the only truth.
+/// - Records are read with `isolation.level=read_committed`.
+/// - New partitions are found every `partition_discovery_interval` and read from
+///   their beginning.
+/// - On checkpoint completion the checkpointed offsets are committed to the
+///   group (`commit_offsets_to_group`), asynchronously and best effort.
+///
+/// The identity is `kafka:topic=<topic>`: only the topic decides what the
+/// checkpointed positions mean.
+#[derive(Debug, Clone)]
+pub struct KafkaSourceFactory {
+    settings: Arc<Settings>,
+}
+
+#[derive(Debug)]
+struct Settings {
+    config: KafkaSourceConfig,
+    group: String,
+    metrics: Arc<KafkaSourceMetrics>,
+    /// `<bootstrap>/<topic>`, for logs and errors.
+    label: String,
+}
+
+impl KafkaSourceFactory {
+    /// A source for the pipeline named `pipeline` (the default group is
+    /// `exactly-<pipeline>`). Checks the settings.
+    pub fn new(pipeline: &str, config: KafkaSourceConfig) -> Result<Self, KafkaConfigError> {
+        config.validate()?;
+        let group = config.group_for(pipeline);
+        let label = format!("{}/{}", config.bootstrap, config.topic);
+        Ok(KafkaSourceFactory {
+            settings: Arc::new(Settings {
+                config,
+                group,
+                metrics: Arc::default(),
+                label,
+            }),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &KafkaSourceConfig {
+        &self.settings.config
+    }
+
+    /// The consumer group offsets are committed to.
+    pub fn group_id(&self) -> &str {
+        &self.settings.group
+    }
+
+    /// Counters of all subtasks created by this factory.
+    pub fn metrics(&self) -> KafkaSourceMetricsSnapshot {
+        self.settings.metrics.snapshot()
+    }
+}
+
+impl SourceFactory for KafkaSourceFactory {
+    fn identity(&self) -> String {
+        format!("kafka:topic={}", self.settings.config.topic)
+    }
+
+    fn create(&self, subtask: usize, parallelism: usize) -> Result<Box<dyn Source>, ConnectorError> {
+        if subtask >= parallelism {
+            return Err(ConnectorError::fatal(
+                self.context(),
+                format!("subtask {subtask} does not exist with parallelism {parallelism}"),
+            ));
+        }
+        Ok(Box::new(KafkaSource {
+            settings: self.settings.clone(),
+            subtask,
+            parallelism,
+            consumer: None,
+            next: BTreeMap::new(),
+            known: BTreeSet::new(),
+            next_discovery: Instant::now(),
+            discovery: None,
+            progress: Mutex::default(),
+        }))
+    }
+}
+
+impl KafkaSourceFactory {
+    fn context(&self) -> String {
+        self.settings.context()
+    }
+}
+
+impl Settings {
+    fn context(&self) -> String {
+        format!("kafka source {}", self.label)
+    }
+
+    fn topic(&self) -> &str {
+        &self.config.topic
+    }
+
+    fn split(&self, partition: i32) -> String {
+        split_name(self.topic(), partition)
+    }
+}
+
+/// Partitions found by a discovery round.
+struct Discovered {
+    /// Every partition of the topic.
+    all: BTreeSet<i32>,
+    /// New partitions of this subtask with their first offset.
+    added: Vec<(i32, i64)>,
+}
+
+/// One subtask. See [`KafkaSourceFactory`].
+struct KafkaSource {
+    settings: Arc<Settings>,
+    subtask: usize,
+    parallelism: usize,
+    consumer: Option<Arc<KafkaConsumer>>,
+    /// Next offset to read of every owned partition.
+    next: BTreeMap<i32, i64>,
+    /// Every partition of the topic seen so far, owned or not.
+    known: BTreeSet<i32>,
+    next_discovery: Instant,
+    discovery: Option<JoinHandle<Result<Discovered, KafkaError>>>,
+    progress: Mutex<Progress>,
+}
+
+impl KafkaSource {
+    fn consumer(&self) -> Result<Arc<KafkaConsumer>, ConnectorError> {
+        self.consumer
+            .clone()
+            .ok_or_else(|| ConnectorError::fatal(self.settings.context(), "poll called before restore"))
+    }
+
+    /// Harvests a finished discovery round and starts the next one when due.
+    async fn discover(&mut self, consumer: &Arc<KafkaConsumer>) -> Result<(), ConnectorError> {
+        if self.discovery.as_ref().is_some_and(JoinHandle::is_finished) {
+            let round = self.discovery.take().expect("checked above").await;
+            self.next_discovery = Instant::now() + self.settings.config.partition_discovery_interval;
+            match round {
+                Ok(Ok(found)) => self.add_partitions(consumer, found)?,
+                Ok(Err(error)) => {
+                    tracing::warn!(source = %self.settings.label, %error, "partition discovery failed; retrying later")
+                }
+                Err(error) => tracing::warn!(source = %self.settings.label, %error, "partition discovery panicked"),
+            }
+        } else if self.discovery.is_none() && Instant::now() >= self.next_discovery {
+            let consumer = consumer.clone();
+            let settings = self.settings.clone();
+            let known = self.known.clone();
+            let (subtask, parallelism) = (self.subtask, self.parallelism);
+            self.discovery = Some(tokio::task::spawn_blocking(move || {
+                let all = topic_partitions(&consumer, settings.topic(), REQUEST_TIMEOUT)?;
+                let mut added = Vec::new();
+                for &p in all.difference(&known).filter(|p| owns(**p, subtask, parallelism)) {
+                    let (low, _) = consumer.fetch_watermarks(settings.topic(), p, REQUEST_TIMEOUT)?;
+                    added.push((p, low));
+                }
+                Ok(Discovered { all, added })
+            }));
+        }
+        Ok(())
+    }
+
+    fn add_partitions(&mut self, consumer: &KafkaConsumer, found: Discovered) -> Result<(), ConnectorError> {
+        let added: Vec<(i32, i64)> = found.added.into_iter().filter(|(p, _)| !self.next.contains_key(p)).collect();
+        self.known.extend(found.all);
+        if added.is_empty() {
+            return Ok(());
+        }
+        consumer
+            .incremental_assign(&partition_list(self.settings.topic(), added.iter().copied()))
+            .map_err(|e| ConnectorError::transient(self.settings.context(), format!("assigning new partitions: {e}")))?;
+        for (p, offset) in &added {
+            tracing::info!(source = %self.settings.label, partition = p, offset, "new partition picked up");
+            self.next.insert(*p, *offset);
+        }
+        self.settings.metrics.add_discovered(added.len() as u64);
+        Ok(())
+    }
+}
+
+fn owns(partition: i32, subtask: usize, parallelism: usize) -> bool {
+    partition as usize % parallelism == subtask
+}
+
+#[async_trait]
+impl Source for KafkaSource {
+    async fn restore(&mut self, positions: Option<&SplitPositions>) -> Result<(), ConnectorError> {
+        if self.consumer.is_some() {
+            return Err(ConnectorError::fatal(self.settings.context(), "restore called twice"));
+        }
+        let settings = self.settings.clone();
+        let positions = positions.cloned();
+        let (subtask, parallelism) = (self.subtask, self.parallelism);
+        let opened = tokio::task::spawn_blocking(move || open(&settings, subtask, parallelism, positions.as_ref()))
+            .await
+            .map_err(|e| ConnectorError::fatal(self.settings.context(), format!("restore panicked: {e}")))??;
+        tracing::info!(
+            source = %self.settings.label,
+            subtask = self.subtask,
+            positions = ?opened.next,
+            "Kafka source assigned"
+        );
+        self.consumer = Some(Arc::new(opened.consumer));
+        self.next = opened.next;
+        self.known = opened.partitions;
+        self.next_discovery = Instant::now() + self.settings.config.partition_discovery_interval;
+        Ok(())
+    }
+
+    async fn poll(&mut self, max_records: usize) -> Result<Poll, ConnectorError> {
+        let consumer = self.consumer()?;
+        self.discover(&consumer).await?;
+        let settings = self.settings.clone();
+        let fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, max_records.max(1)))
+            .await
+            .map_err(|e| ConnectorError::fatal(self.settings.context(), format!("poll panicked: {e}")))??;
+        let mut records = Vec::with_capacity(fetched.len());
+        for (partition, record) in fetched {
+            match self.next.get_mut(&partition) {
+                Some(next) if record.offset >= *next => {
+                    *next = record.offset + 1;
+                    records.push(record);
+                }
+                Some(next) => tracing::warn!(
+                    source = %self.settings.label,
+                    partition,
+                    offset = record.offset,
+                    next = *next,
+                    "dropping a record delivered again"
+                ),
+                None => tracing::warn!(source = %self.settings.label, partition, "dropping a record of a partition not owned"),
+            }
+        }
+        Ok(Poll::Records(records))
+    }
+
+    fn position(&self) -> SplitPositions {
+        let mut positions = SplitPositions::default();
+        for (partition, next) in &self.next {
+            positions.set(self.settings.split(*partition), *next);
+        }
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(positions.clone());
+        positions
+    }
+
+    async fn checkpoint_complete(&mut self, checkpoint: CheckpointId) -> Result<(), ConnectorError> {
+        if !self.settings.config.commit_offsets_to_group {
+            return Ok(());
+        }
+        let completed = self
+            .progress
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .completed(checkpoint);
+        let (Some(positions), Some(consumer)) = (completed, &self.consumer) else {
+            return Ok(());
+        };
+        let offsets = positions.0.iter().filter_map(|(split, next)| {
+            let partition = split.strip_prefix(self.settings.topic())?.strip_prefix('-')?.parse().ok()?;
+            Some((partition, *next))
+        });
+        let list = partition_list(self.settings.topic(), offsets);
+        if list.count() == 0 {
+            return Ok(());
+        }
+        if let Err(error) = consumer.commit(&list, CommitMode::Async) {
+            self.settings.metrics.commit_failed();
+            tracing::warn!(source = %self.settings.label, %checkpoint, %error, "committing offsets to the group failed (best effort)");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        // Closing a consumer waits for librdkafka; never do that on a runtime thread.
+        if let (Some(consumer), Ok(runtime)) = (self.consumer.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn_blocking(move || drop(consumer));
+        }
+    }
+}
+
+/// Which position snapshot belongs to which checkpoint.
+///
+/// The core does not tell `position()` which checkpoint it is for. Checkpoint
+/// ids grow by one per barrier, and the runtime calls `position()` once per
+/// barrier, so the snapshot of checkpoint `id` is call number
+/// `id - first + 1`, where `first` is the first completed id seen — exact when
+/// the first checkpoint of a run completes, otherwise an older snapshot, so the
+/// group never gets offsets beyond a completed checkpoint.
+#[derive(Debug, Default)]
+struct Progress {
+    /// `position()` calls so far.
+    taken: u64,
+    /// Recent snapshots with their call number (1-based).
+    recent: VecDeque<(u64, SplitPositions)>,
+    first_completed: Option<CheckpointId>,
+    last_completed: Option<CheckpointId>,
+}
+
+impl Progress {
+    fn record(&mut self, positions: SplitPositions) {
+        self.taken += 1;
+        self.recent.push_back((self.taken, positions));
+        if self.recent.len() > SNAPSHOTS_KEPT {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The positions of completed checkpoint `id`, once per id, never going back.
+    fn completed(&mut self, id: CheckpointId) -> Option<SplitPositions> {
+        if self.last_completed.is_some_and(|last| id <= last) {
+            return None;
+        }
+        let first = *self.first_completed.get_or_insert(id);
+        let call = id.0.checked_sub(first.0)? + 1;
+        self.last_completed = Some(id);
+        let found = self.recent.iter().find(|(n, _)| *n == call).map(|(_, p)| p.clone());
+        self.recent.retain(|(n, _)| *n > call);
+        found
+    }
+}
+
+/// A partition list of `topic` with explicit offsets.
+fn partition_list(topic: &str, offsets: impl IntoIterator<Item = (i32, i64)>) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    for (partition, offset) in offsets {
+        list.add_partition_offset(topic, partition, Offset::Offset(offset))
+            .expect("explicit offsets are valid");
+    }
+    list
+}
+
+/// The partitions of `topic`, or the metadata error.
+fn topic_partitions(consumer: &KafkaConsumer, topic: &str, timeout: Duration) -> Result<BTreeSet<i32>, KafkaError> {
+    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition));
+    };
+    if let Some(error) = t.error() {
+        return Err(KafkaError::MetadataFetch(error.into()));
+    }
+    Ok(t.partitions().iter().map(|p| p.id()).collect())
+}
+
+/// A consumer assigned to its partitions at their start offsets.
+struct Opened {
+    consumer: KafkaConsumer,
+    next: BTreeMap<i32, i64>,
+    partitions: BTreeSet<i32>,
+}
+
+/// Creates the consumer, finds the partitions, resolves every start offset to a
+/// number and assigns. Blocking; bounded by `startup_timeout`.
+fn open(
+    settings: &Arc<Settings>,
+    subtask: usize,
+    parallelism: usize,
+    positions: Option<&SplitPositions>,
+) -> Result<Opened, ConnectorError> {
+    let config = &settings.config;
+    let deadline = Instant::now() + config.startup_timeout;
+    let context = SourceContext {
+        metrics: settings.metrics.clone(),
+        label: settings.label.clone(),
+    };
+    let consumer: KafkaConsumer = consumer_config(&config.bootstrap, &settings.group, &config.properties)
+        .create_with_context(context)
+        .map_err(|e| creation_error(&settings.context(), e))?;
+    let partitions = retry(settings, deadline, "reading the topic's partitions", |timeout| {
+        topic_partitions(&consumer, settings.topic(), timeout)
+    })?;
+
+    // A checkpoint that read this topic lists every partition that existed
+    // then: the missing ones were added since, so they start at the beginning.
+    let topic_in_checkpoint = positions.is_some_and(|p| {
+        p.0.keys()
+            .any(|split| split.strip_prefix(settings.topic()).is_some_and(|rest| rest.starts_with('-')))
+    });
+    let start = if topic_in_checkpoint { StartPosition::Earliest } else { config.start };
+    let mut next = BTreeMap::new();
+    let mut unresolved = Vec::new();
+    for p in partitions.iter().copied().filter(|p| owns(*p, subtask, parallelism)) {
+        match positions.and_then(|pos| pos.get(&settings.split(p))) {
+            Some(offset) => {
+                next.insert(p, offset);
+            }
+            None => unresolved.push(p),
+        }
+    }
+    if !unresolved.is_empty() {
+        let resolved = retry(settings, deadline, &format!("resolving start position {start}"), |timeout| {
+            resolve(&consumer, settings.topic(), start, &unresolved, timeout)
+        })?;
+        next.extend(resolved);
+    }
+    consumer
+        .assign(&partition_list(settings.topic(), next.iter().map(|(p, o)| (*p, *o))))
+        .map_err(|e| ConnectorError::fatal(settings.context(), format!("assigning partitions: {e}")))?;
+    Ok(Opened {
+        consumer,
+        next,
+        partitions,
+    })
+}
+
+/// Runs `attempt` until it succeeds or `deadline` passes.
+fn retry<T>(
+    settings: &Settings,
+    deadline: Instant,
+    what: &str,
+    mut attempt: impl FnMut(Duration) -> Result<T, KafkaError>,
+) -> Result<T, ConnectorError> {
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let error = match attempt(remaining.clamp(Duration::from_millis(100), REQUEST_TIMEOUT)) {
+            Ok(value) => return Ok(value),
+            Err(error) if is_fatal(&error) => {
+                return Err(ConnectorError::fatal(settings.context(), format!("{what}: {error}")))
+            }
+            Err(error) => error,
+        };
+        if Instant::now() + RETRY_PAUSE < deadline {
+            tracing::debug!(source = %settings.label, %error, "{what}: retrying");
+            std::thread::sleep(RETRY_PAUSE);
+            continue;
+        }
+        let waited = humantime::format_duration(settings.config.startup_timeout);
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownTopicOrPartition) {
+            return Err(ConnectorError::fatal(
+                settings.context(),
+                format!(
+                    "topic `{}` does not exist on `{}` (still unknown after {waited}); create it or fix `topic`",
+                    settings.topic(),
+                    settings.config.bootstrap
+                ),
+            ));
+        }
+        return Err(ConnectorError::transient(
+            settings.context(),
+            format!(
+                "{what}: Kafka bootstrap `{}` did not answer within {waited} (last error: {error}); \
+                 check `bootstrap` and that the brokers are running",
+                settings.config.bootstrap
+            ),
+        ));
+    }
+}
+
+/// Turns `start` into an offset for each of `partitions`.
+fn resolve(
+    consumer: &KafkaConsumer,
+    topic: &str,
+    start: StartPosition,
+    partitions: &[i32],
+    timeout: Duration,
+) -> Result<Vec<(i32, i64)>, KafkaError> {
+    let watermark = |p: i32, high: bool| -> Result<i64, KafkaError> {
+        let (low, hi) = consumer.fetch_watermarks(topic, p, timeout)?;
+        Ok(if high { hi } else { low })
+    };
+    let lookup = |list: TopicPartitionList| -> Result<Vec<(i32, Offset)>, KafkaError> {
+        let found = match start {
+            StartPosition::Group => consumer.committed_offsets(list, timeout)?,
+            _ => consumer.offsets_for_times(list, timeout)?,
+        };
+        found
+            .elements()
+            .iter()
+            .map(|e| e.error().map(|()| (e.partition(), e.offset())))
+            .collect()
+    };
+    let keyed = |offset: i64| partition_list_with(topic, partitions, Offset::Offset(offset));
+    let mut resolved = Vec::with_capacity(partitions.len());
+    match start {
+        StartPosition::Earliest | StartPosition::Latest => {
+            for &p in partitions {
+                resolved.push((p, watermark(p, start == StartPosition::Latest)?));
+            }
+        }
+        StartPosition::Timestamp(ms) => {
+            for (p, offset) in lookup(keyed(ms))? {
+                let offset = match offset {
+                    Offset::Offset(o) => o,
+                    // No record at or after the time: start at the end.
+                    _ => watermark(p, true)?,
+                };
+                resolved.push((p, offset));
+            }
+        }
+        StartPosition::Group => {
+            for (p, offset) in lookup(partition_list_with(topic, partitions, Offset::Invalid))? {
+                let offset = match offset {
+                    Offset::Offset(o) => o,
+                    _ => {
+                        tracing::info!(topic, partition = p, "the group has no committed offset: starting at earliest");
+                        watermark(p, false)?
+                    }
+                };
+                resolved.push((p, offset));
+            }
+        }
+    }
+    Ok(resolved)
+}
+
+fn partition_list_with(topic: &str, partitions: &[i32], offset: Offset) -> TopicPartitionList {
+    let mut list = TopicPartitionList::with_capacity(partitions.len());
+    for &p in partitions {
+        list.add_partition_offset(topic, p, offset).expect("valid offset");
+    }
+    list
+}
+
+/// Up to `max` records: waits up to [`POLL_WAIT`] for the first, then takes
+/// what is already there. Non-fatal errors were logged and counted by the
+/// context; librdkafka retries them itself.
+fn fetch(consumer: &KafkaConsumer, settings: &Settings, max: usize) -> Result<Vec<(i32, Record)>, ConnectorError> {
+    let deadline = Instant::now() + POLL_WAIT;
+    let mut out = Vec::new();
+    while out.len() < max {
+        let wait = if out.is_empty() {
+            deadline.saturating_duration_since(Instant::now())
+        } else {
+            Duration::ZERO
+        };
+        match consumer.poll(wait) {
+            Some(Ok(message)) => out.push((message.partition(), to_record(&message))),
+            Some(Err(error)) if is_fatal(&error) => {
+                let detail = consumer
+                    .client()
+                    .fatal_error()
+                    .map_or_else(|| error.to_string(), |(code, reason)| format!("{code}: {reason}"));
+                return Err(ConnectorError::fatal(settings.context(), detail));
+            }
+            Some(Err(_)) => {}
+            None if !out.is_empty() || Instant::now() >= deadline => break,
+            None => {}
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(n: i64) -> SplitPositions {
+        let mut p = SplitPositions::default();
+        p.set("t-0", n);
+        p
+    }
+
+    #[test]
+    fn completed_checkpoints_map_to_their_snapshot() {
+        let mut progress = Progress::default();
+        progress.record(at(1));
+        progress.record(at(2));
+        assert_eq!(progress.completed(CheckpointId(8)), Some(at(1)));
+        assert_eq!(progress.completed(CheckpointId(8)), None, "repeated");
+        progress.record(at(3));
+        progress.record(at(4));
+        // 10 is two barriers after 8: snapshot 3.
+        assert_eq!(progress.completed(CheckpointId(10)), Some(at(3)));
+        assert_eq!(progress.completed(CheckpointId(9)), None, "going back");
+        assert_eq!(progress.completed(CheckpointId(11)), Some(at(4)));
+        assert!(progress.recent.is_empty());
+    }
+
+    #[test]
+    fn old_snapshots_are_dropped() {
+        let mut progress = Progress::default();
+        for n in 0..200 {
+            progress.record(at(n));
+        }
+        assert_eq!(progress.recent.len(), SNAPSHOTS_KEPT);
+        assert_eq!(progress.completed(CheckpointId(1)), None, "snapshot 1 is gone");
+        assert_eq!(progress.completed(CheckpointId(200)), Some(at(199)));
+    }
+
+    #[test]
+    fn identity_and_ownership() {
+        let f = KafkaSourceFactory::new("p", KafkaSourceConfig::new("127.0.0.1:1", "orders")).unwrap();
+        assert_eq!(f.identity(), "kafka:topic=orders");
+        assert_eq!(f.group_id(), "exactly-p");
+        assert!(f.create(2, 2).is_err());
+        assert!(owns(4, 0, 2) && owns(5, 1, 2) && owns(5, 0, 1));
+        let r = Record::new(split_name("my-topic", 12), 0, "");
+        assert_eq!(r.topic_partition(), Some(("my-topic", 12)));
+    }
+}

@@ -1,0 +1,375 @@
+//! The Kafka source against a real broker: Nisshi started by exactly-testkit,
+//! or the Kafka named by `EXACTLY_KAFKA_BOOTSTRAP`.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use exactly_core::{CheckpointId, Poll, Record, Source, SourceFactory, SplitPositions};
+use exactly_kafka::admin::{KafkaAdmin, ProduceRecord};
+use exactly_kafka::{KafkaSourceConfig, KafkaSourceFactory, StartPosition};
+use exactly_testkit::KafkaBroker;
+
+/// Longest wait for records that were produced.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a read keeps polling after the expected count, to catch extras.
+const SETTLE: Duration = Duration::from_millis(500);
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("exactly_kafka=debug,librdkafka=info,exactly_testkit=info")
+        .try_init();
+}
+
+/// A topic name no other test (or earlier run against an external Kafka) uses.
+fn unique(name: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+/// A broker with a fresh topic of `partitions` partitions.
+struct Fixture {
+    broker: KafkaBroker,
+    admin: KafkaAdmin,
+    topic: String,
+}
+
+impl Fixture {
+    async fn new(name: &str, partitions: i32) -> Fixture {
+        init_tracing();
+        Self::on(KafkaBroker::start().expect("start the Kafka broker"), name, partitions).await
+    }
+
+    async fn on(broker: KafkaBroker, name: &str, partitions: i32) -> Fixture {
+        let admin = KafkaAdmin::new(broker.bootstrap());
+        let topic = unique(name);
+        admin.create_topic(&topic, partitions).await.expect("create topic");
+        Fixture { broker, admin, topic }
+    }
+
+    /// A source of this topic with short test timings, edited by `edit`.
+    fn factory(&self, edit: impl FnOnce(&mut KafkaSourceConfig)) -> KafkaSourceFactory {
+        let mut config = KafkaSourceConfig::new(self.broker.bootstrap(), &self.topic);
+        config.startup_timeout = Duration::from_secs(10);
+        config.partition_discovery_interval = Duration::from_millis(200);
+        edit(&mut config);
+        KafkaSourceFactory::new("test", config).expect("valid config")
+    }
+
+    /// Produces values `v-<i>` (key `k-<i>`, header `i`) for every `i` in
+    /// `range`, record `i` to partition `i % partitions`.
+    async fn produce(&self, range: std::ops::Range<usize>, partitions: usize) -> Vec<(i32, i64)> {
+        let records = range.map(|i| {
+            ProduceRecord::new(format!("v-{i}"))
+                .with_key(format!("k-{i}"))
+                .with_header("i", i.to_string())
+                .to_partition((i % partitions) as i32)
+        });
+        self.admin.produce(&self.topic, records).await.expect("produce")
+    }
+}
+
+/// Creates and restores subtasks `0..parallelism`.
+async fn subtasks(
+    factory: &KafkaSourceFactory,
+    parallelism: usize,
+    positions: Option<&SplitPositions>,
+) -> Vec<Box<dyn Source>> {
+    let mut out = Vec::new();
+    for i in 0..parallelism {
+        let mut s = factory.create(i, parallelism).expect("create");
+        s.restore(positions).await.expect("restore");
+        out.push(s);
+    }
+    out
+}
+
+/// One poll of each subtask, collecting `(subtask, record)`.
+async fn poll_all(sources: &mut [Box<dyn Source>], max: usize, into: &mut Vec<(usize, Record)>) {
+    for (i, s) in sources.iter_mut().enumerate() {
+        match s.poll(max).await.expect("poll") {
+            Poll::Records(r) => into.extend(r.into_iter().map(|r| (i, r))),
+            Poll::Finished => panic!("a Kafka source never finishes"),
+        }
+    }
+}
+
+/// Polls until `n` records arrived, then a little longer; returns all of them
+/// with the subtask that read each.
+async fn read_from(sources: &mut [Box<dyn Source>], n: usize) -> Vec<(usize, Record)> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} records arrived", out.len());
+        poll_all(sources, 50, &mut out).await;
+    }
+    let settle = Instant::now() + SETTLE;
+    while Instant::now() < settle {
+        poll_all(sources, 50, &mut out).await;
+    }
+    out
+}
+
+async fn read(sources: &mut [Box<dyn Source>], n: usize) -> Vec<Record> {
+    read_from(sources, n).await.into_iter().map(|(_, r)| r).collect()
+}
+
+fn positions(sources: &[Box<dyn Source>]) -> SplitPositions {
+    let mut all = SplitPositions::default();
+    for s in sources {
+        all.merge(&s.position());
+    }
+    all
+}
+
+/// The values of `records`, sorted; asserts no (split, offset) appears twice.
+fn values(records: &[Record]) -> Vec<String> {
+    let ids: BTreeSet<_> = records.iter().map(|r| (r.split.clone(), r.offset)).collect();
+    assert_eq!(ids.len(), records.len(), "a record was delivered twice");
+    let mut v: Vec<String> = records.iter().map(|r| String::from_utf8_lossy(&r.value).into()).collect();
+    v.sort();
+    v
+}
+
+fn expected(range: std::ops::Range<usize>) -> Vec<String> {
+    let mut v: Vec<String> = range.map(|i| format!("v-{i}")).collect();
+    v.sort();
+    v
+}
+
+/// `next` per split of `topic` after the given deliveries.
+fn ends(topic: &str, deliveries: &[(i32, i64)]) -> SplitPositions {
+    let mut p = SplitPositions::default();
+    for (partition, offset) in deliveries {
+        let split = format!("{topic}-{partition}");
+        let next = (offset + 1).max(p.get(&split).unwrap_or(0));
+        p.set(split, next);
+    }
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_subtasks_read_every_record_once_with_its_metadata() {
+    let fx = Fixture::new("all", 3).await;
+    let produced_at = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let delivered = fx.produce(0..90, 3).await;
+    let factory = fx.factory(|_| {});
+    let mut sources = subtasks(&factory, 2, None).await;
+    let read = read_from(&mut sources, 90).await;
+
+    let records: Vec<Record> = read.iter().map(|(_, r)| r.clone()).collect();
+    assert_eq!(values(&records), expected(0..90));
+    for (subtask, r) in &read {
+        let value = String::from_utf8_lossy(&r.value);
+        let i: usize = value.strip_prefix("v-").unwrap().parse().unwrap();
+        let (topic, partition) = r.topic_partition().expect("split is <topic>-<partition>");
+        assert_eq!(topic, fx.topic);
+        assert_eq!((partition, r.offset), delivered[i], "split and offset of {value}");
+        assert_eq!(partition as usize % 2, *subtask, "partition {partition} read by subtask {subtask}");
+        assert_eq!(r.key.as_deref(), Some(format!("k-{i}").as_bytes()));
+        assert_eq!(r.headers, vec![("i".to_string(), i.to_string().into_bytes())]);
+        let ts = r.timestamp_ms.expect("timestamp");
+        assert!((produced_at - 60_000..produced_at + 60_000).contains(&ts), "timestamp {ts}");
+    }
+    assert_eq!(positions(&sources), ends(&fx.topic, &delivered));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_subtasks_continue_exactly_where_the_position_was_taken() {
+    let fx = Fixture::new("resume", 3).await;
+    fx.produce(0..60, 3).await;
+    let factory = fx.factory(|_| {});
+    let mut first = subtasks(&factory, 2, None).await;
+    let mut before = Vec::new();
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while before.len() < 20 {
+        assert!(Instant::now() < deadline, "nothing to read");
+        poll_all(&mut first, 7, &mut before).await;
+    }
+    let taken = positions(&first);
+    assert!(before.len() < 60, "read everything already; the test needs a mid-way position");
+    drop(first);
+
+    fx.produce(60..90, 3).await;
+    let mut second = subtasks(&factory, 2, Some(&taken)).await;
+    let after = read(&mut second, 90 - before.len()).await;
+    for r in &after {
+        assert!(r.offset >= taken.get(&r.split).unwrap(), "{r:?} is before the restored position");
+    }
+    let mut all: Vec<Record> = before.into_iter().map(|(_, r)| r).collect();
+    all.extend(after);
+    assert_eq!(values(&all), expected(0..90));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore() {
+    let fx = Fixture::new("latest", 2).await;
+    let old = fx.produce(0..20, 2).await;
+    let factory = fx.factory(|c| c.start = StartPosition::Latest);
+    let mut sources = subtasks(&factory, 1, None).await;
+    // Resolved to numbers before any record arrived.
+    let at_start = positions(&sources);
+    assert_eq!(at_start, ends(&fx.topic, &old));
+
+    fx.produce(20..30, 2).await;
+    assert_eq!(values(&read(&mut sources, 10).await), expected(20..30));
+    // A restart from the position taken at the start reads the same records.
+    let mut again = subtasks(&factory, 1, Some(&at_start)).await;
+    assert_eq!(values(&read(&mut again, 10).await), expected(20..30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timestamp_start_skips_older_records() {
+    let fx = Fixture::new("timestamp", 3).await;
+    let base = 1_700_000_000_000i64;
+    let records = (0..30).map(|i| {
+        ProduceRecord::new(format!("v-{i}"))
+            .to_partition(i % 3)
+            .at(base + i64::from(i) * 1000)
+    });
+    fx.admin.produce(&fx.topic, records).await.expect("produce");
+    let factory = fx.factory(|c| c.start = StartPosition::Timestamp(base + 15_000));
+    let mut sources = subtasks(&factory, 2, None).await;
+    let records = read(&mut sources, 15).await;
+    assert_eq!(values(&records), expected(15..30));
+    assert!(records.iter().all(|r| r.timestamp_ms >= Some(base + 15_000)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_added_later_are_read_from_their_beginning() {
+    let fx = Fixture::new("grow", 2).await;
+    fx.produce(0..10, 2).await;
+    let factory = fx.factory(|c| c.start = StartPosition::Latest);
+    let mut sources = subtasks(&factory, 2, None).await;
+    fx.produce(10..20, 2).await;
+    let mut records = read(&mut sources, 10).await;
+
+    fx.admin.create_partitions(&fx.topic, 4).await.expect("CreatePartitions");
+    // Produced before the source sees the new partitions: still read, since
+    // new partitions start at their beginning whatever `start` says.
+    fx.produce(20..40, 4).await;
+    records.extend(read(&mut sources, 20).await);
+    assert_eq!(values(&records), expected(10..40));
+    let splits: BTreeSet<String> = positions(&sources).0.into_keys().collect();
+    assert_eq!(splits, (0..4).map(|p| format!("{}-{p}", fx.topic)).collect());
+    assert_eq!(factory.metrics().partitions_discovered, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_created_after_the_checkpoint_is_read_from_its_beginning_on_restore() {
+    let fx = Fixture::new("grow-restore", 1).await;
+    fx.produce(0..5, 1).await;
+    let factory = fx.factory(|c| c.start = StartPosition::Latest);
+    let mut sources = subtasks(&factory, 1, None).await;
+    let checkpoint = positions(&sources);
+    drop(sources);
+
+    // While the pipeline is down, a partition appears and gets records.
+    fx.admin.create_partitions(&fx.topic, 2).await.expect("CreatePartitions");
+    fx.produce(5..15, 2).await;
+    let mut restored = subtasks(&factory, 1, Some(&checkpoint)).await;
+    assert_eq!(values(&read(&mut restored, 10).await), expected(5..15));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpointed_offsets_are_committed_to_the_group_and_start_group_uses_them() {
+    let fx = Fixture::new("group", 2).await;
+    fx.produce(0..20, 2).await;
+    let group = unique("group");
+    let factory = fx.factory(|c| c.group_id = Some(group.clone()));
+    let mut sources = subtasks(&factory, 1, None).await;
+    read(&mut sources, 20).await;
+    let checkpoint = positions(&sources);
+    sources[0].checkpoint_complete(CheckpointId(1)).await.unwrap();
+    let deadline = Instant::now() + READ_TIMEOUT;
+    loop {
+        // Polling serves the commit result.
+        read(&mut sources, 0).await;
+        let committed = fx.admin.committed(&group, &fx.topic).await.expect("OffsetFetch");
+        let expected: Vec<(String, i64)> = checkpoint.0.clone().into_iter().collect();
+        let got: Vec<(String, i64)> = committed
+            .into_iter()
+            .map(|(p, o)| (format!("{}-{p}", fx.topic), o))
+            .collect();
+        if got == expected {
+            break;
+        }
+        assert!(Instant::now() < deadline, "group offsets {got:?}, checkpoint {expected:?}");
+    }
+    assert_eq!(factory.metrics().group_commits, 1);
+
+    fx.produce(20..30, 2).await;
+    let from_group = fx.factory(|c| {
+        c.group_id = Some(group.clone());
+        c.start = StartPosition::Group;
+    });
+    let mut sources = subtasks(&from_group, 2, None).await;
+    assert_eq!(values(&read(&mut sources, 10).await), expected(20..30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_rides_out_a_broker_restart() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = KafkaBroker::start_persistent(dir.path()).expect("start a persistent broker");
+    if broker.is_external() {
+        eprintln!("skipped: the external Kafka of EXACTLY_KAFKA_BOOTSTRAP cannot be restarted by the test");
+        return;
+    }
+    let mut fx = Fixture::on(broker, "outage", 3).await;
+    fx.produce(0..60, 3).await;
+    let factory = fx.factory(|_| {});
+    let mut sources = subtasks(&factory, 2, None).await;
+    let mut records = Vec::new();
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while records.len() < 20 {
+        assert!(Instant::now() < deadline, "nothing to read");
+        poll_all(&mut sources, 5, &mut records).await;
+    }
+
+    fx.broker.stop().expect("stop the broker");
+    let outage = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < outage {
+        // Not an error: librdkafka reconnects by itself.
+        poll_all(&mut sources, 5, &mut records).await;
+    }
+    assert!(factory.metrics().transient_errors > 0, "the outage was not counted");
+    fx.broker.restart().expect("restart the broker");
+
+    fx.produce(60..100, 3).await;
+    let got = records.len();
+    records.extend(read_from(&mut sources, 100 - got).await);
+    let records: Vec<Record> = records.into_iter().map(|(_, r)| r).collect();
+    assert_eq!(values(&records), expected(0..100));
+}
+
+#[tokio::test]
+async fn an_unreachable_bootstrap_is_a_clear_transient_error() {
+    init_tracing();
+    let port = exactly_testkit::free_port().unwrap();
+    let bootstrap = format!("127.0.0.1:{port}");
+    let mut config = KafkaSourceConfig::new(&bootstrap, "orders");
+    config.startup_timeout = Duration::from_secs(2);
+    let factory = KafkaSourceFactory::new("test", config).unwrap();
+    let mut source = factory.create(0, 1).unwrap();
+    let started = Instant::now();
+    let error = source.restore(None).await.expect_err("nothing listens there");
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(error.is_retriable(), "{error}");
+    let message = error.to_string();
+    assert!(message.contains(&bootstrap) && message.contains("did not answer within 2s"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_a_fatal_error_naming_it() {
+    init_tracing();
+    let broker = KafkaBroker::start().expect("start the Kafka broker");
+    let topic = unique("missing");
+    let mut config = KafkaSourceConfig::new(broker.bootstrap(), &topic);
+    config.startup_timeout = Duration::from_secs(2);
+    let factory = KafkaSourceFactory::new("test", config).unwrap();
+    let mut source = factory.create(0, 1).unwrap();
+    let error = source.restore(None).await.expect_err("no such topic");
+    assert!(!error.is_retriable(), "{error}");
+    assert!(error.to_string().contains(&format!("topic `{topic}` does not exist")), "{error}");
+}

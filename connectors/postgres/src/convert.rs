@@ -1,0 +1,579 @@
+//! Record → row conversion, done in Rust before any COPY so that one bad
+//! record becomes a dead letter instead of failing the whole COPY.
+
+use std::borrow::Cow;
+use std::error::Error;
+
+use bytes::{BufMut, BytesMut};
+use exactly_core::Record;
+use serde_json::Value;
+use tokio_postgres::types::{to_sql_checked, IsNull, Json, ToSql, Type};
+
+use crate::config::{ColumnType, FieldSource};
+use crate::numeric::{Decimal, NumericTypmod};
+
+/// Seconds between the Unix epoch and PostgreSQL's (2000-01-01 UTC).
+const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+/// PostgreSQL's timestamp range, in microseconds since its epoch
+/// (`MIN_TIMESTAMP`, `END_TIMESTAMP`: 4714-11-24 BC to 294277-01-01 AD).
+const PG_MIN_TIMESTAMP: i64 = -211_813_488_000_000_000;
+const PG_END_TIMESTAMP: i64 = 9_223_371_331_200_000_000;
+
+/// One value of a row, encoded in PostgreSQL's binary format by [`ToSql`].
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Cell {
+    Null,
+    SmallInt(i16),
+    Int(i32),
+    BigInt(i64),
+    Real(f32),
+    Double(f64),
+    /// Already in binary `numeric` format.
+    Numeric(Vec<u8>),
+    Text(String),
+    Bool(bool),
+    Bytes(Vec<u8>),
+    Json(Value),
+    /// Microseconds since 2000-01-01 UTC.
+    Timestamptz(i64),
+}
+
+impl ToSql for Cell {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+        match self {
+            Cell::Null => Ok(IsNull::Yes),
+            Cell::SmallInt(v) => v.to_sql(ty, out),
+            Cell::Int(v) => v.to_sql(ty, out),
+            Cell::BigInt(v) => v.to_sql(ty, out),
+            Cell::Real(v) => v.to_sql(ty, out),
+            Cell::Double(v) => v.to_sql(ty, out),
+            Cell::Text(v) => v.to_sql(ty, out),
+            Cell::Bool(v) => v.to_sql(ty, out),
+            Cell::Bytes(v) => v.as_slice().to_sql(ty, out),
+            Cell::Json(v) => Json(v).to_sql(ty, out),
+            Cell::Numeric(bytes) => {
+                out.put_slice(bytes);
+                Ok(IsNull::No)
+            }
+            Cell::Timestamptz(micros) => {
+                out.put_i64(*micros);
+                Ok(IsNull::No)
+            }
+        }
+    }
+
+    /// The sink checks column types against the table before it writes.
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// What the target column accepts, from the configuration and the table.
+#[derive(Clone, Debug)]
+pub(crate) struct ColumnSpec {
+    pub name: String,
+    pub from: FieldSource,
+    pub ty: ColumnType,
+    pub required: bool,
+    /// `varchar(n)` / `char(n)`: most characters.
+    pub max_chars: Option<usize>,
+    /// `numeric(p, s)`.
+    pub numeric: Option<NumericTypmod>,
+    /// The column is `NOT NULL`.
+    pub not_null: bool,
+}
+
+impl ColumnSpec {
+    /// A spec without table constraints (before the table was inspected).
+    #[cfg(test)]
+    pub fn plain(name: &str, from: &str, ty: ColumnType, required: bool) -> ColumnSpec {
+        ColumnSpec {
+            name: name.into(),
+            from: from.parse().expect("valid source"),
+            ty,
+            required,
+            max_chars: None,
+            numeric: None,
+            not_null: false,
+        }
+    }
+}
+
+/// A value taken from a record, before conversion to the column type.
+#[derive(Debug)]
+enum Input<'a> {
+    Missing,
+    Null,
+    Text(&'a str),
+    Int(i64),
+    Raw(&'a [u8]),
+    Json(&'a Value),
+    Headers(&'a [(String, Vec<u8>)]),
+    /// Unix milliseconds.
+    Millis(i64),
+}
+
+/// Converts a record into one cell per column, or explains every column
+/// that does not fit.
+pub(crate) fn to_row(record: &Record, columns: &[ColumnSpec]) -> Result<Vec<Cell>, String> {
+    let needs_json = columns.iter().any(|c| matches!(c.from, FieldSource::Pointer(_)));
+    let parsed = if needs_json {
+        Some(
+            serde_json::from_slice::<Value>(&record.value)
+                .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?,
+        )
+    } else {
+        None
+    };
+    let mut cells = Vec::with_capacity(columns.len());
+    let mut problems = Vec::new();
+    for column in columns {
+        let input = extract(record, &column.from, parsed.as_ref());
+        match convert(input, column) {
+            Ok(cell) => cells.push(cell),
+            Err(problem) => problems.push(format!(
+                "column \"{}\" (from {}, {}): {problem}",
+                column.name,
+                column.from,
+                column.ty.config_name()
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(cells)
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+fn extract<'a>(record: &'a Record, from: &FieldSource, parsed: Option<&'a Value>) -> Input<'a> {
+    match from {
+        FieldSource::Topic => Input::Text(record.topic_partition().map_or(record.split.as_str(), |(t, _)| t)),
+        FieldSource::Partition => record
+            .topic_partition()
+            .map_or(Input::Missing, |(_, p)| Input::Int(p.into())),
+        FieldSource::Offset => Input::Int(record.offset),
+        FieldSource::Key => record.key.as_deref().map_or(Input::Missing, Input::Raw),
+        FieldSource::Timestamp => record.timestamp_ms.map_or(Input::Missing, Input::Millis),
+        FieldSource::Headers => Input::Headers(&record.headers),
+        FieldSource::Value => Input::Raw(&record.value),
+        FieldSource::Pointer(pointer) => match parsed.and_then(|v| v.pointer(pointer)) {
+            None => Input::Missing,
+            Some(Value::Null) => Input::Null,
+            Some(v) => Input::Json(v),
+        },
+    }
+}
+
+fn convert(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
+    let cell = match input {
+        Input::Missing | Input::Null if column.required => {
+            return Err(match input {
+                Input::Missing => "the record has no such value and the column is required".into(),
+                _ => "the value is null and the column is required (set required = false to store NULL)".into(),
+            })
+        }
+        Input::Missing | Input::Null => Cell::Null,
+        input => typed(input, column)?,
+    };
+    if cell == Cell::Null && column.not_null {
+        return Err("no value, but the column is NOT NULL in the table".into());
+    }
+    Ok(cell)
+}
+
+fn typed(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
+    Ok(match column.ty {
+        ColumnType::SmallInt => Cell::SmallInt(in_range(integer(&input)?, "smallint")?),
+        ColumnType::Int => Cell::Int(in_range(integer(&input)?, "int")?),
+        ColumnType::BigInt => Cell::BigInt(integer(&input)?),
+        ColumnType::Real => {
+            let v = float(&input)?;
+            let narrow = v as f32;
+            if v.is_finite() && !narrow.is_finite() {
+                return Err(format!("{v} is out of range for real"));
+            }
+            Cell::Real(narrow)
+        }
+        ColumnType::Double => Cell::Double(float(&input)?),
+        ColumnType::Numeric => {
+            let mut decimal = Decimal::parse(&decimal_text(&input)?)?;
+            if let Some(typmod) = column.numeric {
+                decimal = decimal.fit(typmod)?;
+            }
+            Cell::Numeric(decimal.to_binary())
+        }
+        ColumnType::Text => {
+            let text = text(&input)?;
+            if text.contains('\0') {
+                return Err("text cannot contain NUL characters".into());
+            }
+            if let Some(max) = column.max_chars {
+                let chars = text.chars().count();
+                if chars > max {
+                    return Err(format!("{chars} characters do not fit the column's limit of {max}"));
+                }
+            }
+            Cell::Text(text.into_owned())
+        }
+        ColumnType::Boolean => Cell::Bool(boolean(&input)?),
+        ColumnType::Bytea => Cell::Bytes(bytes(&input)),
+        ColumnType::Json => Cell::Json(json(&input)?),
+        ColumnType::Jsonb => {
+            let value = json(&input)?;
+            if contains_nul(&value) {
+                return Err("jsonb cannot store the character \\u0000".into());
+            }
+            Cell::Json(value)
+        }
+        ColumnType::Timestamptz => Cell::Timestamptz(timestamp(&input)?),
+    })
+}
+
+fn utf8<'a>(raw: &'a [u8]) -> Result<&'a str, String> {
+    std::str::from_utf8(raw).map_err(|e| format!("the bytes are not valid UTF-8 ({e})"))
+}
+
+/// Text a string-like input holds (a JSON string, text, UTF-8 bytes).
+fn as_str<'a>(input: &Input<'a>) -> Result<Option<&'a str>, String> {
+    Ok(match input {
+        Input::Text(s) => Some(s),
+        Input::Raw(raw) => Some(utf8(raw)?),
+        Input::Json(Value::String(s)) => Some(s),
+        _ => None,
+    })
+}
+
+fn describe(input: &Input<'_>) -> String {
+    match input {
+        Input::Json(v) => {
+            let mut text = v.to_string();
+            if text.len() > 60 {
+                let mut end = 57;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+                text.push_str("...");
+            }
+            text
+        }
+        Input::Headers(_) => "the headers object".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn integer(input: &Input<'_>) -> Result<i64, String> {
+    if let Some(s) = as_str(input)? {
+        return s.trim().parse().map_err(|_| format!("{s:?} is not an integer"));
+    }
+    match input {
+        Input::Int(v) | Input::Millis(v) => Ok(*v),
+        Input::Json(Value::Number(n)) => {
+            if let Some(v) = n.as_i64() {
+                Ok(v)
+            } else if n.is_u64() {
+                Err(format!("{n} is out of range for bigint"))
+            } else {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+                    Ok(f as i64)
+                } else {
+                    Err(format!("{n} is not an integer"))
+                }
+            }
+        }
+        other => Err(format!("expected an integer, got {}", describe(other))),
+    }
+}
+
+fn in_range<T: TryFrom<i64>>(v: i64, type_name: &str) -> Result<T, String> {
+    T::try_from(v).map_err(|_| format!("{v} is out of range for {type_name}"))
+}
+
+fn float(input: &Input<'_>) -> Result<f64, String> {
+    if let Some(s) = as_str(input)? {
+        return s.trim().parse().map_err(|_| format!("{s:?} is not a number"));
+    }
+    match input {
+        Input::Int(v) | Input::Millis(v) => Ok(*v as f64),
+        Input::Json(Value::Number(n)) => n.as_f64().ok_or_else(|| format!("{n} is not a number")),
+        other => Err(format!("expected a number, got {}", describe(other))),
+    }
+}
+
+fn decimal_text<'a>(input: &Input<'a>) -> Result<Cow<'a, str>, String> {
+    if let Some(s) = as_str(input)? {
+        return Ok(Cow::Borrowed(s));
+    }
+    match input {
+        Input::Int(v) | Input::Millis(v) => Ok(Cow::Owned(v.to_string())),
+        Input::Json(Value::Number(n)) => Ok(Cow::Owned(n.to_string())),
+        other => Err(format!("expected a number, got {}", describe(other))),
+    }
+}
+
+fn text<'a>(input: &Input<'a>) -> Result<Cow<'a, str>, String> {
+    if let Some(s) = as_str(input)? {
+        return Ok(Cow::Borrowed(s));
+    }
+    Ok(Cow::Owned(match input {
+        Input::Int(v) => v.to_string(),
+        Input::Millis(ms) => chrono::DateTime::from_timestamp_millis(*ms)
+            .ok_or_else(|| format!("timestamp {ms} ms is out of range"))?
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        Input::Json(v) => v.to_string(),
+        Input::Headers(h) => headers_json(h).to_string(),
+        Input::Missing | Input::Null | Input::Text(_) | Input::Raw(_) => unreachable!("handled above"),
+    }))
+}
+
+fn bytes(input: &Input<'_>) -> Vec<u8> {
+    match input {
+        Input::Raw(raw) => raw.to_vec(),
+        Input::Text(s) => s.as_bytes().to_vec(),
+        Input::Json(Value::String(s)) => s.as_bytes().to_vec(),
+        Input::Json(v) => v.to_string().into_bytes(),
+        Input::Int(v) | Input::Millis(v) => v.to_string().into_bytes(),
+        Input::Headers(h) => headers_json(h).to_string().into_bytes(),
+        Input::Missing | Input::Null => Vec::new(),
+    }
+}
+
+fn boolean(input: &Input<'_>) -> Result<bool, String> {
+    if let Input::Json(Value::Bool(b)) = input {
+        return Ok(*b);
+    }
+    let Some(s) = as_str(input)? else {
+        return Err(format!("expected true or false, got {}", describe(input)));
+    };
+    match s.trim().to_ascii_lowercase().as_str() {
+        "true" | "t" | "yes" | "y" | "on" | "1" => Ok(true),
+        "false" | "f" | "no" | "n" | "off" | "0" => Ok(false),
+        _ => Err(format!("{s:?} is not a boolean (use true or false)")),
+    }
+}
+
+fn json(input: &Input<'_>) -> Result<Value, String> {
+    Ok(match input {
+        Input::Json(v) => (*v).clone(),
+        Input::Raw(raw) => serde_json::from_slice(raw).map_err(|e| format!("the bytes are not valid JSON ({e})"))?,
+        Input::Text(s) => Value::String((*s).to_string()),
+        Input::Int(v) | Input::Millis(v) => Value::from(*v),
+        Input::Headers(h) => headers_json(h),
+        Input::Missing | Input::Null => Value::Null,
+    })
+}
+
+/// Headers as a JSON object: UTF-8 values as strings, other values as
+/// PostgreSQL bytea hex text (`"\\x00ff"`); a name that repeats maps to an
+/// array of its values in order.
+pub(crate) fn headers_json(headers: &[(String, Vec<u8>)]) -> Value {
+    let mut object = serde_json::Map::new();
+    for (name, raw) in headers {
+        let value = match std::str::from_utf8(raw) {
+            Ok(s) => Value::String(s.to_string()),
+            Err(_) => Value::String(format!("\\x{}", hex::encode(raw))),
+        };
+        match object.get_mut(name) {
+            None => {
+                object.insert(name.clone(), value);
+            }
+            Some(Value::Array(values)) => values.push(value),
+            Some(first) => *first = Value::Array(vec![first.take(), value]),
+        }
+    }
+    Value::Object(object)
+}
+
+fn contains_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(contains_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+/// Microseconds since PostgreSQL's epoch. Numbers are Unix milliseconds,
+/// text is RFC 3339 with an offset (`2024-05-01T12:00:00Z`).
+fn timestamp(input: &Input<'_>) -> Result<i64, String> {
+    let unix_micros = if let Some(s) = as_str(input)? {
+        chrono::DateTime::parse_from_rfc3339(s.trim())
+            .map_err(|e| format!("{s:?} is not an RFC 3339 timestamp with offset ({e})"))?
+            .timestamp_micros()
+    } else {
+        let millis = match input {
+            Input::Millis(ms) | Input::Int(ms) => *ms,
+            Input::Json(Value::Number(n)) => n
+                .as_i64()
+                .ok_or_else(|| format!("{n} is not whole Unix milliseconds"))?,
+            other => return Err(format!("expected a timestamp, got {}", describe(other))),
+        };
+        millis
+            .checked_mul(1000)
+            .ok_or_else(|| format!("{millis} ms is out of range for timestamptz"))?
+    };
+    let micros = unix_micros
+        .checked_sub(PG_EPOCH_UNIX_MICROS)
+        .filter(|m| (PG_MIN_TIMESTAMP..PG_END_TIMESTAMP).contains(m))
+        .ok_or_else(|| "out of range for timestamptz".to_string())?;
+    Ok(micros)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn one(value: &str, from: &str, ty: ColumnType, required: bool) -> Result<Cell, String> {
+        let record = Record::new("orders-3", 17, value.as_bytes().to_vec());
+        let column = ColumnSpec::plain("c", from, ty, required);
+        to_row(&record, std::slice::from_ref(&column)).map(|mut cells| cells.remove(0))
+    }
+
+    #[test]
+    fn integers_are_parsed_and_range_checked() {
+        assert_eq!(one(r#"{"a":5}"#, "/a", ColumnType::Int, true), Ok(Cell::Int(5)));
+        assert_eq!(one(r#"{"a":"42"}"#, "/a", ColumnType::BigInt, true), Ok(Cell::BigInt(42)));
+        assert_eq!(one(r#"{"a":3.0}"#, "/a", ColumnType::SmallInt, true), Ok(Cell::SmallInt(3)));
+        let err = one(r#"{"a":"abc"}"#, "/a", ColumnType::BigInt, true).unwrap_err();
+        assert!(err.contains("\"abc\" is not an integer") && err.contains("column \"c\""), "{err}");
+        let err = one(r#"{"a":3000000000}"#, "/a", ColumnType::Int, true).unwrap_err();
+        assert!(err.contains("out of range for int"), "{err}");
+        assert!(one(r#"{"a":18446744073709551615}"#, "/a", ColumnType::BigInt, true).is_err());
+        assert!(one(r#"{"a":1.5}"#, "/a", ColumnType::BigInt, true).is_err());
+        assert!(one(r#"{"a":true}"#, "/a", ColumnType::Int, true).is_err());
+        assert_eq!(one("x", "offset", ColumnType::BigInt, true), Ok(Cell::BigInt(17)));
+        assert_eq!(one("x", "partition", ColumnType::Int, true), Ok(Cell::Int(3)));
+    }
+
+    #[test]
+    fn missing_and_null_values_follow_required() {
+        let err = one(r#"{"b":1}"#, "/a", ColumnType::Int, true).unwrap_err();
+        assert!(err.contains("no such value"), "{err}");
+        assert!(one(r#"{"a":null}"#, "/a", ColumnType::Int, true).unwrap_err().contains("null"));
+        assert_eq!(one(r#"{"b":1}"#, "/a", ColumnType::Int, false), Ok(Cell::Null));
+        assert_eq!(one(r#"{"a":null}"#, "/a", ColumnType::Text, false), Ok(Cell::Null));
+        let mut column = ColumnSpec::plain("c", "/a", ColumnType::Int, false);
+        column.not_null = true;
+        let record = Record::new("s", 0, br#"{}"#.to_vec());
+        assert!(to_row(&record, &[column]).unwrap_err().contains("NOT NULL"));
+        // No key / no timestamp / a split that is not <topic>-<partition>.
+        assert!(one("x", "key", ColumnType::Bytea, true).is_err());
+        assert_eq!(one("x", "timestamp", ColumnType::Timestamptz, false), Ok(Cell::Null));
+        let record = Record::new("file.txt", 0, b"x".to_vec());
+        let column = ColumnSpec::plain("c", "partition", ColumnType::Int, false);
+        assert_eq!(to_row(&record, &[column]), Ok(vec![Cell::Null]));
+    }
+
+    #[test]
+    fn invalid_json_fails_the_whole_record() {
+        let err = one("not json", "/a", ColumnType::Int, false).unwrap_err();
+        assert!(err.contains("not valid JSON"), "{err}");
+        // Without pointers the value is never parsed.
+        assert_eq!(one("not json", "value", ColumnType::Text, true), Ok(Cell::Text("not json".into())));
+    }
+
+    #[test]
+    fn text_bytes_json_and_booleans() {
+        assert_eq!(one(r#"{"a":"x"}"#, "/a", ColumnType::Text, true), Ok(Cell::Text("x".into())));
+        assert_eq!(one(r#"{"a":[1,2]}"#, "/a", ColumnType::Text, true), Ok(Cell::Text("[1,2]".into())));
+        assert_eq!(one("x", "topic", ColumnType::Text, true), Ok(Cell::Text("orders".into())));
+        assert!(one(r#"{"a":"x\u0000"}"#, "/a", ColumnType::Text, true).is_err());
+        assert!(one(r#"{"a":"x\u0000"}"#, "/a", ColumnType::Jsonb, true).is_err());
+        assert_eq!(
+            one(r#"{"a":"x\u0000"}"#, "/a", ColumnType::Json, true),
+            Ok(Cell::Json(json!("x\u{0}")))
+        );
+        assert_eq!(one(r#"{"a":"hi"}"#, "/a", ColumnType::Bytea, true), Ok(Cell::Bytes(b"hi".to_vec())));
+        assert_eq!(
+            one(r#"{"a":{"b":1}}"#, "/a", ColumnType::Jsonb, true),
+            Ok(Cell::Json(json!({"b": 1})))
+        );
+        assert_eq!(one(r#"[1]"#, "value", ColumnType::Jsonb, true), Ok(Cell::Json(json!([1]))));
+        assert!(one("{", "value", ColumnType::Jsonb, true).is_err());
+        assert_eq!(one(r#"{"a":true}"#, "/a", ColumnType::Boolean, true), Ok(Cell::Bool(true)));
+        assert_eq!(one(r#"{"a":"off"}"#, "/a", ColumnType::Boolean, true), Ok(Cell::Bool(false)));
+        assert!(one(r#"{"a":"maybe"}"#, "/a", ColumnType::Boolean, true).is_err());
+        let mut column = ColumnSpec::plain("c", "/a", ColumnType::Text, true);
+        column.max_chars = Some(3);
+        let record = Record::new("s", 0, br#"{"a":"ab\u00e9"}"#.to_vec());
+        assert!(to_row(&record, std::slice::from_ref(&column)).is_ok(), "counts characters, not bytes");
+        let record = Record::new("s", 0, br#"{"a":"abcd"}"#.to_vec());
+        assert!(to_row(&record, &[column]).unwrap_err().contains("limit of 3"));
+        let record = Record::new("s", 0, vec![0xff, 0xfe]);
+        let column = ColumnSpec::plain("c", "value", ColumnType::Text, true);
+        assert!(to_row(&record, &[column]).unwrap_err().contains("UTF-8"));
+    }
+
+    #[test]
+    fn floats_and_numerics() {
+        assert_eq!(one(r#"{"a":1.25}"#, "/a", ColumnType::Double, true), Ok(Cell::Double(1.25)));
+        assert_eq!(one(r#"{"a":"2.5"}"#, "/a", ColumnType::Real, true), Ok(Cell::Real(2.5)));
+        assert!(one(r#"{"a":1e300}"#, "/a", ColumnType::Real, true).is_err());
+        assert!(one(r#"{"a":"x"}"#, "/a", ColumnType::Double, true).is_err());
+        let expected = Decimal::parse("12.50").unwrap().to_binary();
+        assert_eq!(one(r#"{"a":"12.50"}"#, "/a", ColumnType::Numeric, true), Ok(Cell::Numeric(expected)));
+        assert!(one(r#"{"a":"12,5"}"#, "/a", ColumnType::Numeric, true).is_err());
+        let mut column = ColumnSpec::plain("c", "/a", ColumnType::Numeric, true);
+        column.numeric = Some(NumericTypmod { precision: 4, scale: 2 });
+        let record = Record::new("s", 0, br#"{"a":123.4}"#.to_vec());
+        assert!(to_row(&record, &[column]).unwrap_err().contains("numeric(4, 2)"));
+    }
+
+    #[test]
+    fn timestamps_from_milliseconds_and_rfc3339() {
+        let mut record = Record::new("s", 0, br#"{"t":"2000-01-01T00:00:01.5+00:00","m":1000}"#.to_vec());
+        record.timestamp_ms = Some(946_684_800_250);
+        let columns = [
+            ColumnSpec::plain("a", "/t", ColumnType::Timestamptz, true),
+            ColumnSpec::plain("b", "timestamp", ColumnType::Timestamptz, true),
+            ColumnSpec::plain("c", "/m", ColumnType::Timestamptz, true),
+            ColumnSpec::plain("d", "timestamp", ColumnType::Text, true),
+            ColumnSpec::plain("e", "timestamp", ColumnType::BigInt, true),
+        ];
+        assert_eq!(
+            to_row(&record, &columns),
+            Ok(vec![
+                Cell::Timestamptz(1_500_000),
+                Cell::Timestamptz(250_000),
+                Cell::Timestamptz(1_000_000 - PG_EPOCH_UNIX_MICROS),
+                Cell::Text("2000-01-01T00:00:00.250Z".into()),
+                Cell::BigInt(946_684_800_250),
+            ])
+        );
+        assert!(one(r#"{"t":"2024-01-01 10:00"}"#, "/t", ColumnType::Timestamptz, true).is_err());
+        assert!(one(r#"{"t":9223372036854775}"#, "/t", ColumnType::Timestamptz, true).is_err());
+    }
+
+    #[test]
+    fn headers_become_an_object() {
+        let mut record = Record::new("s", 0, b"x".to_vec());
+        record.headers = vec![
+            ("trace".into(), b"abc".to_vec()),
+            ("bin".into(), vec![0, 255]),
+            ("tag".into(), b"a".to_vec()),
+            ("tag".into(), b"b".to_vec()),
+            ("tag".into(), b"c".to_vec()),
+        ];
+        let column = ColumnSpec::plain("h", "headers", ColumnType::Jsonb, true);
+        assert_eq!(
+            to_row(&record, &[column]),
+            Ok(vec![Cell::Json(json!({"trace": "abc", "bin": "\\x00ff", "tag": ["a", "b", "c"]}))])
+        );
+    }
+
+    #[test]
+    fn every_bad_column_is_reported() {
+        let record = Record::new("s", 0, br#"{"a":"x","b":"y"}"#.to_vec());
+        let columns = [
+            ColumnSpec::plain("a", "/a", ColumnType::Int, true),
+            ColumnSpec::plain("b", "/b", ColumnType::Boolean, true),
+        ];
+        let err = to_row(&record, &columns).unwrap_err();
+        assert!(err.contains("column \"a\"") && err.contains("column \"b\""), "{err}");
+    }
+}

@@ -1,0 +1,125 @@
+//! Global transaction identifiers (gids) for `PREPARE TRANSACTION`.
+//!
+//! A gid is `exactly:<pipeline>:<table>:<subtask>:<checkpoint>`. In the pipeline
+//! and table parts `%`, `:` and `~` are percent-escaped, so the parts cannot run
+//! into each other and `exactly:<pipeline>:<table>:<subtask>:` is a prefix that
+//! names exactly one subtask's transactions.
+//!
+//! PostgreSQL accepts gids of at most 199 bytes. When the longest possible gid
+//! of a pipeline/table pair (largest subtask and checkpoint numbers) would be
+//! longer, the pair is written as `<pipeline 60 bytes>:<table 60 bytes>~<hash>`,
+//! where `<hash>` is 16 hex digits of SHA-256 over the full names: shortening
+//! depends only on the pipeline and the table, so every gid of a subtask keeps
+//! the same prefix.
+
+use sha2::{Digest, Sha256};
+
+/// Longest gid PostgreSQL accepts, in bytes (`GIDSIZE` - 1).
+pub const MAX_GID_BYTES: usize = 199;
+/// Digits of the largest `u64`/`usize`.
+const MAX_NUMBER_DIGITS: usize = 20;
+/// Bytes kept of each of the pipeline and table parts when shortening.
+const SHORT_PART_BYTES: usize = 60;
+
+fn escape(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for c in part.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            '~' => out.push_str("%7E"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The first at most `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The prefix shared by every gid of one sink subtask.
+pub fn gid_prefix(pipeline: &str, table: &str, subtask: usize) -> String {
+    let (pipeline_part, table_part) = (escape(pipeline), escape(table));
+    let longest = "exactly:".len() + pipeline_part.len() + 1 + table_part.len() + 1 + MAX_NUMBER_DIGITS + 1 + MAX_NUMBER_DIGITS;
+    if longest <= MAX_GID_BYTES {
+        return format!("exactly:{pipeline_part}:{table_part}:{subtask}:");
+    }
+    let mut hasher = Sha256::new();
+    hasher.update(pipeline.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(table.as_bytes());
+    let hash = hex::encode(&hasher.finalize()[..8]);
+    format!(
+        "exactly:{}:{}~{hash}:{subtask}:",
+        truncate(&pipeline_part, SHORT_PART_BYTES),
+        truncate(&table_part, SHORT_PART_BYTES)
+    )
+}
+
+/// The gid of the transaction of `checkpoint` for the subtask whose prefix is
+/// `prefix`.
+pub fn gid(prefix: &str, checkpoint: u64) -> String {
+    format!("{prefix}{checkpoint}")
+}
+
+/// The checkpoint number at the end of a gid.
+pub(crate) fn checkpoint_of(gid: &str) -> Option<u64> {
+    gid.rsplit_once(':')?.1.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_are_kept_readable() {
+        let prefix = gid_prefix("orders-etl", "public.orders", 3);
+        assert_eq!(prefix, "exactly:orders-etl:public.orders:3:");
+        assert_eq!(gid(&prefix, 42), "exactly:orders-etl:public.orders:3:42");
+        assert_eq!(checkpoint_of(&gid(&prefix, 42)), Some(42));
+    }
+
+    #[test]
+    fn separators_in_names_are_escaped_so_prefixes_never_collide() {
+        let a = gid_prefix("a", "b:1", 0);
+        let b = gid_prefix("a:b", "1", 0);
+        assert_ne!(a, b);
+        assert_eq!(a, "exactly:a:b%3A1:0:");
+        assert!(!gid(&a, 5).starts_with(&gid_prefix("a", "b", 1)));
+        assert_eq!(gid_prefix("100%~", "t", 0), "exactly:100%25%7E:t:0:");
+    }
+
+    #[test]
+    fn long_names_are_shortened_deterministically_within_the_limit() {
+        let pipeline = "p".repeat(150);
+        let table = "ü".repeat(100); // multi-byte: cut on a character boundary
+        let prefix = gid_prefix(&pipeline, &table, usize::MAX);
+        let longest = gid(&prefix, u64::MAX);
+        assert!(longest.len() <= MAX_GID_BYTES, "{} bytes", longest.len());
+        assert_eq!(prefix, gid_prefix(&pipeline, &table, usize::MAX));
+        assert!(prefix.starts_with(&format!("exactly:{}:", "p".repeat(60))));
+        assert!(prefix.contains('~'));
+        // A different table with the same first 60 bytes gets a different prefix.
+        let other = gid_prefix(&pipeline, &format!("{table}x"), usize::MAX);
+        assert_ne!(prefix, other);
+        // Every subtask of the same pair is shortened the same way.
+        let p0 = gid_prefix(&pipeline, &table, 0);
+        assert_eq!(p0.trim_end_matches(":0:"), prefix.trim_end_matches(&format!(":{}:", usize::MAX)));
+    }
+
+    #[test]
+    fn the_longest_unshortened_pair_fits() {
+        // 8 + p + 1 + t + 1 + 20 + 1 + 20 = 199 → p + t = 148.
+        let prefix = gid_prefix(&"p".repeat(74), &"t".repeat(74), usize::MAX);
+        assert!(!prefix.contains('~'));
+        assert_eq!(gid(&prefix, u64::MAX).len(), MAX_GID_BYTES);
+        let shortened = gid_prefix(&"p".repeat(75), &"t".repeat(74), 0);
+        assert!(shortened.contains('~'));
+    }
+}

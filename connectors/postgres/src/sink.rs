@@ -1,0 +1,539 @@
+//! The sink subtask: one PostgreSQL transaction per checkpoint.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use exactly_core::{CheckpointId, ConnectorError, Record, SinkContext, TwoPhaseCommitSink};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls};
+
+use crate::config::Settings;
+use crate::convert::{to_row, Cell};
+use crate::error::{classify, connect_error};
+use crate::gid::{checkpoint_of, gid, gid_prefix};
+use crate::schema::{prepare_tables, Layout};
+use crate::sql::quote_literal;
+
+/// How long a write waits for a row or table lock before the checkpoint
+/// fails (instead of waiting forever behind a lock the sink itself must
+/// release later).
+const LOCK_TIMEOUT: &str = "60s";
+
+/// One subtask of the PostgreSQL sink. Created by
+/// [`PostgresSinkFactory`](crate::PostgresSinkFactory); see the crate
+/// documentation for the protocol.
+pub struct PostgresSink {
+    settings: Arc<Settings>,
+    context: SinkContext,
+    /// Prefix of every gid of this subtask.
+    prefix: String,
+    /// The connection that holds the open write transaction.
+    writer: Option<Client>,
+    /// The connection for `COMMIT PREPARED`, recovery and table checks.
+    committer: Option<Client>,
+    /// Set by `recover`.
+    layout: Option<Layout>,
+    /// A transaction is open on `writer`.
+    open: bool,
+}
+
+impl std::fmt::Debug for PostgresSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSink")
+            .field("url", &self.settings.url)
+            .field("table", &self.settings.table_label)
+            .field("prefix", &self.prefix)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An open write transaction: the interval that ends with `checkpoint`.
+#[derive(Debug)]
+pub struct PostgresTransaction {
+    checkpoint: CheckpointId,
+    gid: String,
+    /// Next staging sequence number (upsert mode: the last row per key wins).
+    next_seq: i64,
+}
+
+impl PostgresTransaction {
+    /// The checkpoint whose interval this transaction holds.
+    pub fn checkpoint(&self) -> CheckpointId {
+        self.checkpoint
+    }
+
+    /// The gid it will be prepared under.
+    pub fn gid(&self) -> &str {
+        &self.gid
+    }
+}
+
+/// A prepared transaction: enough to commit it from any process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PostgresCommittable {
+    /// The `PREPARE TRANSACTION` identifier.
+    pub gid: String,
+    /// The checkpoint whose interval it holds.
+    pub checkpoint: CheckpointId,
+    /// The sink subtask that wrote it.
+    pub subtask: usize,
+}
+
+/// A record that could not be converted, with the reason.
+struct DeadLetter<'a> {
+    record: &'a Record,
+    error: String,
+}
+
+impl PostgresSink {
+    pub(crate) fn new(settings: Arc<Settings>, context: SinkContext) -> Self {
+        let prefix = gid_prefix(&context.pipeline, &settings.table_label, context.subtask);
+        PostgresSink {
+            settings,
+            context,
+            prefix,
+            writer: None,
+            committer: None,
+            layout: None,
+            open: false,
+        }
+    }
+
+    /// The prefix shared by the gids of this subtask's transactions
+    /// (`exactly:<pipeline>:<table>:<subtask>:`).
+    pub fn gid_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn context(&self, action: &str) -> String {
+        format!(
+            "postgres sink {} (subtask {}): {action}",
+            self.settings.table_label, self.context.subtask
+        )
+    }
+
+    fn pg_error(&self, action: &str, e: &tokio_postgres::Error) -> ConnectorError {
+        classify(&self.context(action), &self.settings.url, e)
+    }
+
+    async fn connect(settings: &Settings) -> Result<Client, ConnectorError> {
+        let (client, connection) = settings
+            .pg
+            .connect(NoTls)
+            .await
+            .map_err(|e| connect_error(&settings.url, &e))?;
+        let url = settings.url.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(%url, error = %e, "PostgreSQL connection ended with an error");
+            }
+        });
+        Ok(client)
+    }
+
+    /// (Re)connects the commit connection if needed.
+    async fn connect_committer(&mut self) -> Result<(), ConnectorError> {
+        if self.committer.as_ref().is_none_or(Client::is_closed) {
+            self.committer = Some(Self::connect(&self.settings).await?);
+        }
+        Ok(())
+    }
+
+    /// The commit connection; call [`connect_committer`](Self::connect_committer) first.
+    fn committer(&self) -> &Client {
+        self.committer.as_ref().expect("connect_committer() ran")
+    }
+
+    /// The write connection of the open transaction.
+    fn writer(&self) -> Result<&Client, ConnectorError> {
+        match &self.writer {
+            Some(client) if !client.is_closed() => Ok(client),
+            _ => Err(ConnectorError::transient(
+                self.context("writing"),
+                format!(
+                    "lost the connection to PostgreSQL at {} during the transaction; check that the server is running",
+                    self.settings.url
+                ),
+            )),
+        }
+    }
+
+    fn layout(&self) -> Result<&Layout, ConnectorError> {
+        self.layout.as_ref().ok_or_else(|| {
+            ConnectorError::fatal(
+                self.context("writing"),
+                "recover() must run before any transaction (the runtime calls it first)",
+            )
+        })
+    }
+
+    /// Checks that the server can prepare transactions at all.
+    async fn check_prepared_transactions(&mut self) -> Result<(), ConnectorError> {
+        self.connect_committer().await?;
+        let url = &self.settings.url;
+        let rows = self
+            .committer()
+            .simple_query("SHOW max_prepared_transactions")
+            .await
+            .map_err(|e| classify("postgres sink: reading server settings", url, &e))?;
+        let value = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        });
+        match value.as_deref().map(str::parse::<u64>) {
+            Some(Ok(n)) if n > 0 => Ok(()),
+            Some(Ok(_)) => Err(ConnectorError::fatal(
+                "postgres sink: checking server settings",
+                format!(
+                    "PostgreSQL at {url} has max_prepared_transactions = 0, which disables PREPARE TRANSACTION: the \
+                     exactly-once sink cannot work. Fix: set max_prepared_transactions = 64 in postgresql.conf (or run \
+                     ALTER SYSTEM SET max_prepared_transactions = 64) and restart the server; it must be at least the \
+                     number of sink subtasks times the checkpoints that can wait for their commit"
+                ),
+            )),
+            _ => Err(ConnectorError::fatal(
+                "postgres sink: checking server settings",
+                format!("PostgreSQL at {url} returned no usable max_prepared_transactions ({value:?})"),
+            )),
+        }
+    }
+
+    /// Gids of this subtask's prepared transactions in this database.
+    async fn prepared_gids(&mut self) -> Result<Vec<String>, ConnectorError> {
+        self.connect_committer().await?;
+        let rows = self
+            .committer()
+            .query(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() \
+                 AND left(gid, length($1)) = $1 ORDER BY prepared",
+                &[&self.prefix],
+            )
+            .await;
+        rows.map(|rows| rows.iter().map(|r| r.get(0)).collect())
+            .map_err(|e| self.pg_error("listing prepared transactions", &e))
+    }
+
+    /// Upsert mode: moves the committed rows of `gid` from the staging table
+    /// into the target. Idempotent.
+    async fn merge(&mut self, gid: &str) -> Result<(), ConnectorError> {
+        let Some(merge) = self.layout.as_ref().and_then(|l| l.merge.clone()) else {
+            return Ok(());
+        };
+        self.connect_committer().await?;
+        let result = self.committer().execute(&merge, &[&gid]).await;
+        let rows = result.map_err(|e| self.pg_error("merging staged rows into the table", &e))?;
+        tracing::debug!(gid, rows, "merged staged rows");
+        Ok(())
+    }
+
+    /// Upsert mode: merges committed staged rows of this subtask that no
+    /// commit moved yet (left by a crash between commit and merge).
+    async fn merge_leftovers(&mut self) -> Result<(), ConnectorError> {
+        if self.settings.upsert_key.is_none() {
+            return Ok(());
+        }
+        let sql = format!(
+            "SELECT DISTINCT exactly_gid FROM {} WHERE left(exactly_gid, length($1)) = $1",
+            self.settings.staging.sql()
+        );
+        self.connect_committer().await?;
+        let result = self.committer().query(&sql, &[&self.prefix]).await;
+        let rows = result.map_err(|e| self.pg_error("listing staged rows", &e))?;
+        let mut gids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        gids.sort_by_key(|g| checkpoint_of(g));
+        for gid in gids {
+            tracing::info!(%gid, "merging committed staged rows left by an interrupted commit");
+            self.merge(&gid).await?;
+        }
+        Ok(())
+    }
+
+    /// COPYs rows in binary format through the write connection.
+    async fn copy(&self, sql: &str, types: &[Type], rows: &[Vec<Cell>], what: &str) -> Result<u64, ConnectorError> {
+        let client = self.writer()?;
+        let result = async {
+            let sink = client.copy_in(sql).await?;
+            let writer = BinaryCopyInWriter::new(sink, types);
+            let mut writer = std::pin::pin!(writer);
+            for row in rows {
+                let values: Vec<&(dyn ToSql + Sync)> = row.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+                writer.as_mut().write(&values).await?;
+            }
+            writer.finish().await
+        }
+        .await;
+        result.map_err(|e| self.pg_error(what, &e))
+    }
+
+    fn dead_letter_row(&self, txn: &PostgresTransaction, dead: &DeadLetter<'_>) -> Vec<Cell> {
+        let record = dead.record;
+        let (topic, partition) = match record.topic_partition() {
+            Some((topic, partition)) => (Cell::Text(topic.to_string()), Cell::Int(partition)),
+            None => (Cell::Null, Cell::Null),
+        };
+        vec![
+            Cell::Text(self.context.pipeline.clone()),
+            Cell::Text(self.settings.table_label.clone()),
+            Cell::Text(record.split.clone()),
+            topic,
+            partition,
+            Cell::BigInt(record.offset),
+            record.key.clone().map_or(Cell::Null, Cell::Bytes),
+            Cell::Bytes(record.value.clone()),
+            Cell::Text(dead.error.replace('\0', "\\0")),
+            Cell::BigInt(checkpoint_i64(txn.checkpoint)),
+        ]
+    }
+
+    /// `COMMIT PREPARED`, or, when the gid is no longer prepared, success if
+    /// its marker says it was committed.
+    async fn commit_prepared(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
+        self.connect_committer().await?;
+        let (url, log) = (&self.settings.url, &self.settings.commit_log);
+        let client = self.committer();
+        let committed = client
+            .batch_execute(&format!("COMMIT PREPARED {}", quote_literal(&c.gid)))
+            .await;
+        let error = match committed {
+            Ok(()) => {
+                tracing::debug!(gid = %c.gid, checkpoint = %c.checkpoint, "committed prepared transaction");
+                return Ok(());
+            }
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => e,
+            Err(e) => return Err(self.pg_error("COMMIT PREPARED", &e)),
+        };
+        tracing::debug!(gid = %c.gid, %error, "not prepared; looking for its commit marker");
+        let marker = client
+            .query_opt(&format!("SELECT 1 FROM {} WHERE gid = $1", log.sql()), &[&c.gid])
+            .await
+            .map_err(|e| self.pg_error("looking up a commit marker", &e))?;
+        if marker.is_some() {
+            tracing::debug!(gid = %c.gid, "already committed");
+            return Ok(());
+        }
+        Err(ConnectorError::DataLoss {
+            context: self.context("commit"),
+            checkpoint: c.checkpoint,
+            message: format!(
+                "prepared transaction '{}' (checkpoint {}) does not exist on {url} and its marker is not in {log}: \
+                 it was rolled back outside the pipeline (ROLLBACK PREPARED, a restored backup, or a different \
+                 database in sink.postgres.url); its records were not written",
+                c.gid, c.checkpoint
+            ),
+        })
+    }
+}
+
+fn checkpoint_i64(checkpoint: CheckpointId) -> i64 {
+    i64::try_from(checkpoint.0).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl TwoPhaseCommitSink for PostgresSink {
+    type Transaction = PostgresTransaction;
+    type Committable = PostgresCommittable;
+
+    /// Connects, checks `max_prepared_transactions`, creates the commit-log
+    /// and dead-letter tables (and the target with `create_table`, and the
+    /// staging table in upsert mode) when absent, checks every table against
+    /// the configuration, then rolls back this subtask's prepared transactions
+    /// that `pending` does not list and commits the listed ones (oldest
+    /// first, as [`commit`](Self::commit) does). Idempotent.
+    async fn recover(&mut self, pending: &[PostgresCommittable]) -> Result<(), ConnectorError> {
+        if self.open {
+            if let Some(writer) = &self.writer {
+                let _ = writer.batch_execute("ROLLBACK").await;
+            }
+            self.open = false;
+        }
+        self.check_prepared_transactions().await?;
+        self.connect_committer().await?;
+        let layout = prepare_tables(self.committer(), &self.settings).await?;
+        self.layout = Some(layout);
+
+        let listed: HashSet<&str> = pending.iter().map(|c| c.gid.as_str()).collect();
+        for gid in self.prepared_gids().await? {
+            if listed.contains(gid.as_str()) {
+                continue;
+            }
+            tracing::info!(%gid, "rolling back a prepared transaction the checkpoint does not list");
+            self.connect_committer().await?;
+            match self.committer().batch_execute(&format!("ROLLBACK PREPARED {}", quote_literal(&gid))).await {
+                Err(e) if e.code() != Some(&SqlState::UNDEFINED_OBJECT) => {
+                    return Err(self.pg_error("ROLLBACK PREPARED", &e))
+                }
+                _ => {}
+            }
+        }
+        for c in pending {
+            tracing::info!(gid = %c.gid, checkpoint = %c.checkpoint, "committing a transaction the checkpoint lists");
+            self.commit(c).await?;
+        }
+        self.merge_leftovers().await?;
+        if self.writer.as_ref().is_none_or(Client::is_closed) {
+            self.writer = Some(Self::connect(&self.settings).await?);
+        }
+        Ok(())
+    }
+
+    /// Opens the transaction (`BEGIN`) on the write connection, reconnecting
+    /// if it was lost.
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<PostgresTransaction, ConnectorError> {
+        self.layout()?;
+        if self.open {
+            tracing::warn!("begin() while a transaction is open: rolling the old one back");
+            if let Some(writer) = &self.writer {
+                let _ = writer.batch_execute("ROLLBACK").await;
+            }
+            self.open = false;
+        }
+        if self.writer.as_ref().is_none_or(Client::is_closed) {
+            self.writer = Some(Self::connect(&self.settings).await?);
+        }
+        let result = self
+            .writer()?
+            .batch_execute(&format!("BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+            .await;
+        result.map_err(|e| self.pg_error("BEGIN", &e))?;
+        self.open = true;
+        Ok(PostgresTransaction {
+            checkpoint,
+            gid: gid(&self.prefix, checkpoint.0),
+            next_seq: 0,
+        })
+    }
+
+    /// Converts every record first; good rows are COPYed into the table
+    /// (append) or the staging table (upsert), bad ones into the dead-letter
+    /// table with the reason, all inside the transaction. Dead letters are
+    /// counted in the pipeline metrics.
+    async fn write(&mut self, txn: &mut PostgresTransaction, batch: &[Record]) -> Result<(), ConnectorError> {
+        let layout = self.layout()?;
+        let upsert = layout.merge.is_some();
+        let mut rows = Vec::with_capacity(batch.len());
+        let mut dead = Vec::new();
+        for record in batch {
+            match to_row(record, &layout.columns) {
+                Ok(mut cells) => {
+                    if upsert {
+                        cells.splice(0..0, [Cell::Text(txn.gid.clone()), Cell::BigInt(txn.next_seq)]);
+                        txn.next_seq += 1;
+                    }
+                    rows.push(cells);
+                }
+                Err(error) => dead.push(DeadLetter { record, error }),
+            }
+        }
+        if !rows.is_empty() {
+            let written = self.copy(&layout.copy_rows, &layout.row_types, &rows, "COPY of rows").await?;
+            tracing::debug!(rows = written, checkpoint = %txn.checkpoint, "rows written");
+        }
+        if !dead.is_empty() {
+            let dead_rows: Vec<Vec<Cell>> = dead.iter().map(|d| self.dead_letter_row(txn, d)).collect();
+            self.copy(
+                &layout.copy_dead_letters,
+                &layout.dead_letter_types,
+                &dead_rows,
+                "COPY of dead letters",
+            )
+            .await?;
+            for d in &dead {
+                tracing::warn!(split = %d.record.split, offset = d.record.offset, error = %d.error,
+                    "record sent to the dead-letter table {}", self.settings.dead_letters);
+            }
+            self.context.metrics.add_dead_letters(dead.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Writes the commit marker (pipeline, table, subtask, checkpoint, gid,
+    /// time) into the commit-log table and runs `PREPARE TRANSACTION`, then
+    /// checks the transaction really is prepared.
+    async fn pre_commit(&mut self, txn: PostgresTransaction) -> Result<PostgresCommittable, ConnectorError> {
+        let client = self.writer()?;
+        let marker = format!(
+            "INSERT INTO {} (gid, pipeline, sink_table, subtask, checkpoint) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (gid) DO UPDATE SET pipeline = EXCLUDED.pipeline, sink_table = EXCLUDED.sink_table, \
+             subtask = EXCLUDED.subtask, checkpoint = EXCLUDED.checkpoint, prepared_at = now()",
+            self.settings.commit_log.sql()
+        );
+        let subtask = i32::try_from(self.context.subtask).unwrap_or(i32::MAX);
+        let checkpoint = checkpoint_i64(txn.checkpoint);
+        let result = async {
+            client
+                .execute(
+                    &marker,
+                    &[
+                        &txn.gid,
+                        &self.context.pipeline,
+                        &self.settings.table_label,
+                        &subtask,
+                        &checkpoint,
+                    ],
+                )
+                .await?;
+            client
+                .batch_execute(&format!("PREPARE TRANSACTION {}", quote_literal(&txn.gid)))
+                .await?;
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1 AND database = current_database()",
+                    &[&txn.gid],
+                )
+                .await
+        }
+        .await;
+        self.open = false;
+        let prepared: i64 = result.map_err(|e| self.pg_error("PREPARE TRANSACTION", &e))?.get(0);
+        if prepared != 1 {
+            return Err(ConnectorError::transient(
+                self.context("PREPARE TRANSACTION"),
+                format!(
+                    "transaction '{}' was rolled back instead of prepared (an earlier statement of it failed)",
+                    txn.gid
+                ),
+            ));
+        }
+        tracing::debug!(gid = %txn.gid, checkpoint = %txn.checkpoint, "prepared");
+        Ok(PostgresCommittable {
+            gid: txn.gid,
+            checkpoint: txn.checkpoint,
+            subtask: self.context.subtask,
+        })
+    }
+
+    /// `COMMIT PREPARED` on the commit connection. When the gid is no longer
+    /// prepared, its marker in the commit-log table decides: present →
+    /// already committed (success); absent → [`ConnectorError::DataLoss`]. In
+    /// upsert mode the staged rows are then merged into the table. Lost
+    /// connections are transient errors.
+    async fn commit(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
+        self.commit_prepared(c).await?;
+        self.merge(&c.gid).await
+    }
+
+    /// `ROLLBACK` of the open transaction. A lost connection is success: the
+    /// server rolled it back already.
+    async fn abort(&mut self, txn: PostgresTransaction) -> Result<(), ConnectorError> {
+        if !self.open {
+            return Ok(());
+        }
+        self.open = false;
+        let Some(client) = self.writer.as_ref().filter(|c| !c.is_closed()) else {
+            return Ok(());
+        };
+        match client.batch_execute("ROLLBACK").await {
+            Ok(()) => {
+                tracing::debug!(gid = %txn.gid, "rolled back");
+                Ok(())
+            }
+            Err(e) if e.is_closed() => Ok(()),
+            Err(e) => Err(self.pg_error("ROLLBACK", &e)),
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Shared by the end-to-end tests: runs the real `exactly` binary on a pipeline
+//! file, optionally killing itself with SIGKILL at a crash point.
+#![allow(dead_code)]
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+
+use exactly::core::SequenceSourceFactory;
+
+/// Input of every crash test: 4 splits of 1500 records, slow enough that
+/// checkpoints (every 50 ms) happen mid-stream.
+pub const SPLITS: usize = 4;
+pub const PER_SPLIT: i64 = 1500;
+pub const TOTAL: usize = SPLITS * PER_SPLIT as usize;
+
+pub fn expected_values() -> Vec<String> {
+    SequenceSourceFactory {
+        splits: SPLITS,
+        records_per_split: PER_SPLIT,
+        batch: 1,
+        delay_per_poll: Default::default(),
+    }
+    .expected_values()
+}
+
+/// Writes `<dir>/pipeline.toml` with the sequence source and `sink` (a TOML
+/// `[sink.<kind>]` section).
+pub fn write_config(dir: &Path, name: &str, guarantee: &str, parallelism: usize, sink: &str) -> PathBuf {
+    let file = dir.join("pipeline.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"name = "{name}"
+guarantee = "{guarantee}"
+parallelism = {parallelism}
+[checkpoint]
+dir = "checkpoints"
+interval = "50ms"
+[restart]
+strategy = "none"
+[source.sequence]
+splits = {SPLITS}
+records_per_split = {PER_SPLIT}
+batch = 20
+delay_per_poll = "5ms"
+{sink}
+"#
+        ),
+    )
+    .unwrap();
+    file
+}
+
+pub fn run(config: &Path, crash_at: Option<&str>, extra: &[&str]) -> (ExitStatus, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
+    cmd.arg("run").arg(config).args(extra).env("RUST_LOG", "info");
+    cmd.env_remove("EXACTLY_CRASH_AT");
+    if let Some(point) = crash_at {
+        cmd.env("EXACTLY_CRASH_AT", point);
+    }
+    let out = cmd.output().expect("running the exactly binary");
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+pub fn run_killed_at(config: &Path, point: &str) {
+    let (status, log) = run(config, Some(point), &[]);
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "the run was supposed to be killed at {point}; it ended with {status}:\n{log}"
+    );
+}
+
+pub fn run_to_completion(config: &Path) {
+    let (status, log) = run(config, None, &[]);
+    assert!(status.success(), "restart failed with {status}:\n{log}");
+}
+
+/// Kills the pipeline at each point in turn (each on a run restarted after the
+/// previous crash), then lets it finish.
+pub fn crash_then_finish(config: &Path, points: &[&str]) {
+    for point in points {
+        run_killed_at(config, point);
+    }
+    run_to_completion(config);
+}
