@@ -32,19 +32,39 @@ struct Fixture {
     broker: KafkaBroker,
     admin: KafkaAdmin,
     topic: String,
+    /// Storage of a persistent broker.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Fixture {
+    /// On an in-memory broker.
     async fn new(name: &str, partitions: i32) -> Fixture {
         init_tracing();
-        Self::on(KafkaBroker::start().expect("start the Kafka broker"), name, partitions).await
+        let broker = KafkaBroker::start().expect("start the Kafka broker");
+        Self::on(broker, None, name, partitions).await
     }
 
-    async fn on(broker: KafkaBroker, name: &str, partitions: i32) -> Fixture {
+    /// On a broker with SQLite storage: it survives restarts, and unlike the
+    /// in-memory storage of Nisshi 0.7.0-pre.2 it answers ListOffsets for
+    /// "latest" and for timestamps per record (the in-memory one answers per
+    /// stored batch).
+    async fn persistent(name: &str, partitions: i32) -> Fixture {
+        init_tracing();
+        let dir = tempfile::tempdir().unwrap();
+        let broker = KafkaBroker::start_persistent(dir.path()).expect("start a persistent broker");
+        Self::on(broker, Some(dir), name, partitions).await
+    }
+
+    async fn on(broker: KafkaBroker, dir: Option<tempfile::TempDir>, name: &str, partitions: i32) -> Fixture {
         let admin = KafkaAdmin::new(broker.bootstrap());
         let topic = unique(name);
         admin.create_topic(&topic, partitions).await.expect("create topic");
-        Fixture { broker, admin, topic }
+        Fixture {
+            broker,
+            admin,
+            topic,
+            _dir: dir,
+        }
     }
 
     /// A source of this topic with short test timings, edited by `edit`.
@@ -203,7 +223,7 @@ async fn restored_subtasks_continue_exactly_where_the_position_was_taken() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore() {
-    let fx = Fixture::new("latest", 2).await;
+    let fx = Fixture::persistent("latest", 2).await;
     let old = fx.produce(0..20, 2).await;
     let factory = fx.factory(|c| c.start = StartPosition::Latest);
     let mut sources = subtasks(&factory, 1, None).await;
@@ -220,7 +240,7 @@ async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timestamp_start_skips_older_records() {
-    let fx = Fixture::new("timestamp", 3).await;
+    let fx = Fixture::persistent("timestamp", 3).await;
     let base = 1_700_000_000_000i64;
     let records = (0..30).map(|i| {
         ProduceRecord::new(format!("v-{i}"))
@@ -236,6 +256,7 @@ async fn timestamp_start_skips_older_records() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "Nisshi 0.7.0-pre.2 has no CreatePartitions; run against real Kafka: EXACTLY_KAFKA_BOOTSTRAP=HOST:PORT cargo test -p exactly-kafka -- --include-ignored"]
 async fn partitions_added_later_are_read_from_their_beginning() {
     let fx = Fixture::new("grow", 2).await;
     fx.produce(0..10, 2).await;
@@ -256,6 +277,7 @@ async fn partitions_added_later_are_read_from_their_beginning() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "Nisshi 0.7.0-pre.2 has no CreatePartitions; run against real Kafka: EXACTLY_KAFKA_BOOTSTRAP=HOST:PORT cargo test -p exactly-kafka -- --include-ignored"]
 async fn a_partition_created_after_the_checkpoint_is_read_from_its_beginning_on_restore() {
     let fx = Fixture::new("grow-restore", 1).await;
     fx.produce(0..5, 1).await;
@@ -286,17 +308,20 @@ async fn checkpointed_offsets_are_committed_to_the_group_and_start_group_uses_th
         // Polling serves the commit result.
         read(&mut sources, 0).await;
         let committed = fx.admin.committed(&group, &fx.topic).await.expect("OffsetFetch");
+        let commits = factory.metrics().group_commits;
         let expected: Vec<(String, i64)> = checkpoint.0.clone().into_iter().collect();
         let got: Vec<(String, i64)> = committed
             .into_iter()
             .map(|(p, o)| (format!("{}-{p}", fx.topic), o))
             .collect();
-        if got == expected {
+        if got == expected && commits == 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "group offsets {got:?}, checkpoint {expected:?}");
+        assert!(
+            Instant::now() < deadline,
+            "group offsets {got:?}, checkpoint {expected:?}, {commits} commit results"
+        );
     }
-    assert_eq!(factory.metrics().group_commits, 1);
 
     fx.produce(20..30, 2).await;
     let from_group = fx.factory(|c| {
@@ -309,14 +334,11 @@ async fn checkpointed_offsets_are_committed_to_the_group_and_start_group_uses_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_source_rides_out_a_broker_restart() {
-    init_tracing();
-    let dir = tempfile::tempdir().unwrap();
-    let broker = KafkaBroker::start_persistent(dir.path()).expect("start a persistent broker");
-    if broker.is_external() {
+    let mut fx = Fixture::persistent("outage", 3).await;
+    if fx.broker.is_external() {
         eprintln!("skipped: the external Kafka of EXACTLY_KAFKA_BOOTSTRAP cannot be restarted by the test");
         return;
     }
-    let mut fx = Fixture::on(broker, "outage", 3).await;
     fx.produce(0..60, 3).await;
     let factory = fx.factory(|_| {});
     let mut sources = subtasks(&factory, 2, None).await;

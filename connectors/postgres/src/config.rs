@@ -359,7 +359,6 @@ pub(crate) struct Settings {
     pub table: QualifiedName,
     pub create_table: bool,
     pub columns: Vec<(String, ColumnConfig)>,
-    pub mode: SinkMode,
     /// Indexes into `columns`.
     pub upsert_key: Option<Vec<usize>>,
     pub dead_letters: QualifiedName,
@@ -448,7 +447,6 @@ impl PostgresSinkConfig {
             table,
             create_table: self.create_table,
             columns,
-            mode: self.mode,
             upsert_key,
             dead_letters,
             commit_log,

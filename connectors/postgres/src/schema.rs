@@ -355,13 +355,13 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
     dead.require_columns(&DEAD_LETTER_COLUMNS, &table_fix("dead_letter_table"))?;
     dead.require_privileges(&["INSERT"])?;
 
-    let names = || columns.iter().map(|c| c.name.as_str());
+    let names: Vec<&str> = settings.columns.iter().map(|(n, _)| n.as_str()).collect();
     let dead_letter_names = DEAD_LETTER_COLUMNS.iter().map(|(n, _)| *n);
     let mut layout = Layout {
         copy_rows: format!(
             "COPY {} ({}) FROM STDIN (FORMAT binary)",
             settings.table.sql(),
-            ident_list(names())
+            ident_list(names.iter().copied())
         ),
         row_types: target_types(&target, &columns),
         copy_dead_letters: format!(
@@ -390,7 +390,7 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
         }
         staging.require_privileges(&["INSERT", "SELECT", "DELETE"])?;
         let mut staged = vec!["exactly_gid", "exactly_seq"];
-        staged.extend(names());
+        staged.extend(names.iter().copied());
         layout.copy_rows = format!(
             "COPY {} ({}) FROM STDIN (FORMAT binary)",
             settings.staging.sql(),

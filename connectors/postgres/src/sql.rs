@@ -138,7 +138,7 @@ mod tests {
         assert_eq!(qualified.to_string(), "Sales.Orders");
         let dotted = QualifiedName::parse("s.\"a.b\"\"c\"").unwrap();
         assert_eq!(dotted.name, "a.b\"c");
-        assert_eq!(dotted.sql(), "\"s\".\"a.b\"\"c\"\"\"");
+        assert_eq!(dotted.sql(), "\"s\".\"a.b\"\"c\"");
         assert_eq!(QualifiedName::parse(&dotted.to_string()).unwrap(), dotted);
         assert_eq!(qualified.with_suffix("_x").sql(), "\"Sales\".\"Orders_x\"");
         for bad in ["", "a.", ".a", "a.b.c", "\"a", "\"a\"b", "a\0"] {

@@ -126,7 +126,11 @@ impl Extract {
     }
 
     /// The extracted bytes, or why there are none.
-    pub fn apply(&self, record: &Record, json: &mut Option<Result<serde_json::Value, String>>) -> Result<Vec<u8>, String> {
+    pub fn apply(
+        &self,
+        record: &Record,
+        json: &mut Option<Result<serde_json::Value, String>>,
+    ) -> Result<Vec<u8>, String> {
         match self {
             Extract::Key => record.key.clone().ok_or_else(|| "the record has no key".to_string()),
             Extract::Value => Ok(record.value.clone()),
@@ -202,7 +206,8 @@ impl RedisSinkFactory {
     /// Checks the configuration.
     pub fn new(config: RedisSinkConfig) -> Result<Self, ConnectorError> {
         let bad = |key: &str, e: String| ConnectorError::fatal("[sink.redis]", format!("`{key}`: {e}"));
-        redis::Client::open(config.url.as_str()).map_err(|e| bad("url", format!("{e} (write redis://host:port/db)")))?;
+        redis::Client::open(config.url.as_str())
+            .map_err(|e| bad("url", format!("{e} (write redis://host:port/db)")))?;
         let key = Extract::parse(&config.key).map_err(|e| bad("key", e))?;
         let field = match (&config.field, config.command.needs_field()) {
             (Some(f), true) => Some(Extract::parse(f).map_err(|e| bad("field", e))?),
@@ -283,7 +288,12 @@ impl RedisSinkFactory {
     fn describe(&self) -> String {
         format!(
             "redis:url={},command={:?},key={}{},field={:?},value={:?}",
-            self.config.url, self.config.command, self.config.key_prefix, self.config.key, self.config.field, self.plan.value
+            self.config.url,
+            self.config.command,
+            self.config.key_prefix,
+            self.config.key,
+            self.config.field,
+            self.plan.value
         )
     }
 }
@@ -379,7 +389,10 @@ impl RedisSink {
         let c = tokio::time::timeout(Duration::from_secs(5), connect)
             .await
             .map_err(|_| {
-                ConnectorError::transient("redis sink", format!("{}: no answer within 5 s (is redis-server running?)", self.url))
+                ConnectorError::transient(
+                    "redis sink",
+                    format!("{}: no answer within 5 s (is redis-server running?)", self.url),
+                )
             })?
             .map_err(|e| redis_error(&self.url, e))?;
         self.connection = Some(c.clone());
@@ -554,7 +567,10 @@ mod tests {
         assert!(e.contains("no key") && e.contains("/id"), "{e}");
         let e = f.plan.op(&Record::new("s-0", 3, "not json")).unwrap_err();
         assert!(e.contains("not JSON"), "{e}");
-        let e = f.plan.op(&Record::new("s-0", 4, r#"{"id": 1, "kind": "a", "n": "x"}"#)).unwrap_err();
+        let e = f
+            .plan
+            .op(&Record::new("s-0", 4, r#"{"id": 1, "kind": "a", "n": "x"}"#))
+            .unwrap_err();
         assert!(e.contains("not an integer"), "{e}");
     }
 }
