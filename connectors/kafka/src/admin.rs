@@ -222,11 +222,7 @@ impl KafkaAdmin {
                 record = record.headers(headers);
             }
             // Queued now; delivered in order per partition (idempotence).
-            pending.push(
-                producer
-                    .send_result(record)
-                    .map_err(|(e, _)| self.error(&action, e))?,
-            );
+            pending.push(producer.send_result(record).map_err(|(e, _)| self.error(&action, e))?);
         }
         let mut delivered = Vec::with_capacity(pending.len());
         for delivery in pending {
@@ -268,8 +264,11 @@ impl KafkaAdmin {
         found.map_err(|e| self.error(&action, e))
     }
 
+    /// A consumer for explicit assignments. librdkafka wants a group for
+    /// `assign`; nothing is ever committed to it.
     fn plain_consumer(&self, action: &str, isolation: &str) -> Result<BaseConsumer, AdminError> {
         self.config()
+            .set("group.id", "exactly-admin-reader")
             .set("isolation.level", isolation)
             .set("enable.partition.eof", "true")
             .set("enable.auto.commit", "false")
@@ -309,7 +308,9 @@ impl KafkaAdmin {
             let deadline = Instant::now() + TIMEOUT;
             while at_end.len() < partitions.len() {
                 if Instant::now() > deadline {
-                    return Err(format!("partitions {at_end:?} of {partitions:?} reached their end in time"));
+                    return Err(format!(
+                        "partitions {at_end:?} of {partitions:?} reached their end in time"
+                    ));
                 }
                 match consumer.poll(Duration::from_millis(100)) {
                     Some(Ok(m)) => records.push(to_record(&m)),

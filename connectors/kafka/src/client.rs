@@ -9,24 +9,24 @@ use exactly_core::{ConnectorError, Record};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::TopicPartitionList;
 
 use crate::source::split_name;
 
 /// Counters of a Kafka source, shared by all its subtasks (and by every run of
-/// the pipeline that uses the same factory). Read them with
+/// the pipeline that uses the same factory). Read through
 /// [`crate::KafkaSourceFactory::metrics`].
 #[derive(Debug, Default)]
-pub struct KafkaSourceMetrics {
+pub(crate) struct KafkaSourceMetrics {
     transient_errors: AtomicU64,
     group_commits: AtomicU64,
     group_commit_failures: AtomicU64,
     partitions_discovered: AtomicU64,
 }
 
-/// A point-in-time copy of [`KafkaSourceMetrics`].
+/// A point-in-time copy of a Kafka source's counters, from
+/// [`crate::KafkaSourceFactory::metrics`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KafkaSourceMetricsSnapshot {
     /// Non-fatal client errors (broker down, connection refused, timeouts...).
@@ -42,7 +42,7 @@ pub struct KafkaSourceMetricsSnapshot {
 
 impl KafkaSourceMetrics {
     /// Reads every counter.
-    pub fn snapshot(&self) -> KafkaSourceMetricsSnapshot {
+    pub(crate) fn snapshot(&self) -> KafkaSourceMetricsSnapshot {
         KafkaSourceMetricsSnapshot {
             transient_errors: self.transient_errors.load(Ordering::Relaxed),
             group_commits: self.group_commits.load(Ordering::Relaxed),
@@ -55,8 +55,13 @@ impl KafkaSourceMetrics {
         self.partitions_discovered.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub(crate) fn commit_failed(&self) {
-        self.group_commit_failures.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn committed(&self, ok: bool) {
+        let counter = if ok {
+            &self.group_commits
+        } else {
+            &self.group_commit_failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -139,20 +144,7 @@ impl ClientContext for SourceContext {
     }
 }
 
-impl ConsumerContext for SourceContext {
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        match result {
-            Ok(()) => {
-                self.metrics.group_commits.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(source = %self.label, offsets = ?offsets.to_topic_map(), "offsets committed to the group");
-            }
-            Err(error) => {
-                self.metrics.commit_failed();
-                tracing::warn!(source = %self.label, %error, "committing offsets to the group failed (best effort)");
-            }
-        }
-    }
-}
+impl ConsumerContext for SourceContext {}
 
 /// Settings shared by every consumer the crate creates: explicit offsets only,
 /// nothing stored or committed automatically, committed data only. Offsets

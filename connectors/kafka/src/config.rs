@@ -140,11 +140,9 @@ impl StartPosition {
             _ => {}
         }
         if let Some(ms) = text.strip_prefix("timestamp:") {
-            return ms
-                .trim()
-                .parse::<i64>()
-                .map(StartPosition::Timestamp)
-                .map_err(|e| format!("`start` = \"{text}\": the timestamp is not a whole number of milliseconds ({e})"));
+            return ms.trim().parse::<i64>().map(StartPosition::Timestamp).map_err(|e| {
+                format!("`start` = \"{text}\": the timestamp is not a whole number of milliseconds ({e})")
+            });
         }
         let time = humantime::parse_rfc3339_weak(text)
             .map_err(|_| format!("`start` = \"{text}\" is not a start position; expected {START_EXPECTED}"))?;
@@ -187,8 +185,9 @@ impl<'de> Deserialize<'de> for StartPosition {
                     }
                     ms = Some(map.next_value::<i64>()?);
                 }
-                ms.map(StartPosition::Timestamp)
-                    .ok_or_else(|| de::Error::custom("`start` needs `timestamp_ms`: start = { timestamp_ms = <unix ms> }"))
+                ms.map(StartPosition::Timestamp).ok_or_else(|| {
+                    de::Error::custom("`start` needs `timestamp_ms`: start = { timestamp_ms = <unix ms> }")
+                })
             }
         }
 
@@ -198,8 +197,11 @@ impl<'de> Deserialize<'de> for StartPosition {
 
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
-    humantime::parse_duration(&text)
-        .map_err(|e| de::Error::custom(format!("`{text}` is not a duration ({e}); write e.g. \"10s\" or \"500ms\"")))
+    humantime::parse_duration(&text).map_err(|e| {
+        de::Error::custom(format!(
+            "`{text}` is not a duration ({e}); write e.g. \"10s\" or \"500ms\""
+        ))
+    })
 }
 
 /// A librdkafka setting value: librdkafka wants strings, TOML users write numbers too.
@@ -299,7 +301,10 @@ impl KafkaSourceConfig {
         }
         if let Some(group) = &self.group_id {
             if group.trim().is_empty() {
-                return invalid("group_id", "is empty; remove it to use exactly-<pipeline name>, or name a group");
+                return invalid(
+                    "group_id",
+                    "is empty; remove it to use exactly-<pipeline name>, or name a group",
+                );
             }
         }
         if self.partition_discovery_interval < Duration::from_millis(100) {
@@ -412,10 +417,15 @@ startup_timeout = "2s"
         let start = |s: &str| parse(&format!("start = {s}")).map(|c| c.start);
         assert_eq!(start("\"earliest\""), Ok(StartPosition::Earliest));
         assert_eq!(start("\"group\""), Ok(StartPosition::Group));
-        assert_eq!(start("{ timestamp_ms = 1700000000000 }"), Ok(StartPosition::Timestamp(1_700_000_000_000)));
-        assert_eq!(start("\"timestamp:1700000000000\""), Ok(StartPosition::Timestamp(1_700_000_000_000)));
-        assert_eq!(start("\"2023-11-14T22:13:20Z\""), Ok(StartPosition::Timestamp(1_700_000_000_000)));
-        assert_eq!(start("\"2023-11-14T22:13:20.5Z\""), Ok(StartPosition::Timestamp(1_700_000_000_500)));
+        let forms = [
+            ("{ timestamp_ms = 1700000000000 }", 1_700_000_000_000),
+            ("\"timestamp:1700000000000\"", 1_700_000_000_000),
+            ("\"2023-11-14T22:13:20Z\"", 1_700_000_000_000),
+            ("\"2023-11-14T22:13:20.5Z\"", 1_700_000_000_500),
+        ];
+        for (form, ms) in forms {
+            assert_eq!(start(form), Ok(StartPosition::Timestamp(ms)), "{form}");
+        }
         assert_eq!(StartPosition::Timestamp(5).to_string(), "timestamp:5");
         assert_eq!(StartPosition::parse("timestamp:5"), Ok(StartPosition::Timestamp(5)));
     }
@@ -423,7 +433,10 @@ startup_timeout = "2s"
     #[test]
     fn bad_start_values_say_what_is_expected() {
         let e = parse("start = \"beginning\"").unwrap_err();
-        assert!(e.contains("`start` = \"beginning\"") && e.contains("\"earliest\""), "{e}");
+        assert!(
+            e.contains("`start` = \"beginning\"") && e.contains("\"earliest\""),
+            "{e}"
+        );
         let e = parse("start = \"timestamp:soon\"").unwrap_err();
         assert!(e.contains("milliseconds"), "{e}");
         let e = parse("start = { ts = 5 }").unwrap_err();
@@ -443,7 +456,10 @@ startup_timeout = "2s"
         let e = parse("partition_discovery_interval = \"often\"").unwrap_err();
         assert!(e.contains("often") && e.contains("duration"), "{e}");
         let e = parse("partition_discovery_interval = \"1ms\"").unwrap_err();
-        assert!(e.contains("`partition_discovery_interval` must be at least 100ms"), "{e}");
+        assert!(
+            e.contains("`partition_discovery_interval` must be at least 100ms"),
+            "{e}"
+        );
         let e = parse("startup_timeout = \"0s\"").unwrap_err();
         assert!(e.contains("`startup_timeout`"), "{e}");
     }
@@ -468,7 +484,10 @@ startup_timeout = "2s"
         let e = check(&|c| {
             c.properties.insert("isolation.level".into(), "read_uncommitted".into());
         });
-        assert!(e.contains("`properties.\"isolation.level\"`") && e.contains("read_committed"), "{e}");
+        assert!(
+            e.contains("`properties.\"isolation.level\"`") && e.contains("read_committed"),
+            "{e}"
+        );
         let e = check(&|c| {
             c.properties.insert("group.id".into(), "x".into());
         });

@@ -40,7 +40,7 @@ mod client;
 mod config;
 mod source;
 
-pub use client::{KafkaSourceMetrics, KafkaSourceMetricsSnapshot};
+pub use client::KafkaSourceMetricsSnapshot;
 pub use config::{
     KafkaConfigError, KafkaSourceConfig, StartPosition, DEFAULT_PARTITION_DISCOVERY_INTERVAL, DEFAULT_STARTUP_TIMEOUT,
 };

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use exactly_core::{CheckpointId, ConnectorError, Poll, Record, SplitPositions, Source, SourceFactory};
+use exactly_core::{CheckpointId, ConnectorError, Poll, Record, Source, SourceFactory, SplitPositions};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -101,13 +101,19 @@ impl SourceFactory for KafkaSourceFactory {
     }
 
     fn create(&self, subtask: usize, parallelism: usize) -> Result<Box<dyn Source>, ConnectorError> {
+        Ok(Box::new(self.subtask(subtask, parallelism)?))
+    }
+}
+
+impl KafkaSourceFactory {
+    fn subtask(&self, subtask: usize, parallelism: usize) -> Result<KafkaSource, ConnectorError> {
         if subtask >= parallelism {
             return Err(ConnectorError::fatal(
-                self.context(),
+                self.settings.context(),
                 format!("subtask {subtask} does not exist with parallelism {parallelism}"),
             ));
         }
-        Ok(Box::new(KafkaSource {
+        Ok(KafkaSource {
             settings: self.settings.clone(),
             subtask,
             parallelism,
@@ -117,13 +123,8 @@ impl SourceFactory for KafkaSourceFactory {
             next_discovery: Instant::now(),
             discovery: None,
             progress: Mutex::default(),
-        }))
-    }
-}
-
-impl KafkaSourceFactory {
-    fn context(&self) -> String {
-        self.settings.context()
+            committer: Arc::default(),
+        })
     }
 }
 
@@ -162,6 +163,7 @@ struct KafkaSource {
     next_discovery: Instant,
     discovery: Option<JoinHandle<Result<Discovered, KafkaError>>>,
     progress: Mutex<Progress>,
+    committer: Arc<GroupCommitter>,
 }
 
 impl KafkaSource {
@@ -202,14 +204,20 @@ impl KafkaSource {
     }
 
     fn add_partitions(&mut self, consumer: &KafkaConsumer, found: Discovered) -> Result<(), ConnectorError> {
-        let added: Vec<(i32, i64)> = found.added.into_iter().filter(|(p, _)| !self.next.contains_key(p)).collect();
+        let added: Vec<(i32, i64)> = found
+            .added
+            .into_iter()
+            .filter(|(p, _)| !self.next.contains_key(p))
+            .collect();
         self.known.extend(found.all);
         if added.is_empty() {
             return Ok(());
         }
         consumer
             .incremental_assign(&partition_list(self.settings.topic(), added.iter().copied()))
-            .map_err(|e| ConnectorError::transient(self.settings.context(), format!("assigning new partitions: {e}")))?;
+            .map_err(|e| {
+                ConnectorError::transient(self.settings.context(), format!("assigning new partitions: {e}"))
+            })?;
         for (p, offset) in &added {
             tracing::info!(source = %self.settings.label, partition = p, offset, "new partition picked up");
             self.next.insert(*p, *offset);
@@ -269,21 +277,23 @@ impl Source for KafkaSource {
                     next = *next,
                     "dropping a record delivered again"
                 ),
-                None => tracing::warn!(source = %self.settings.label, partition, "dropping a record of a partition not owned"),
+                None => {
+                    tracing::warn!(source = %self.settings.label, partition, "dropping a record of a partition not owned")
+                }
             }
         }
         Ok(Poll::Records(records))
     }
 
-    fn position(&self) -> SplitPositions {
+    fn position(&mut self, checkpoint: CheckpointId) -> SplitPositions {
         let mut positions = SplitPositions::default();
         for (partition, next) in &self.next {
             positions.set(self.settings.split(*partition), *next);
         }
         self.progress
-            .lock()
+            .get_mut()
             .unwrap_or_else(|e| e.into_inner())
-            .record(positions.clone());
+            .record(checkpoint, positions.clone());
         positions
     }
 
@@ -299,17 +309,14 @@ impl Source for KafkaSource {
         let (Some(positions), Some(consumer)) = (completed, &self.consumer) else {
             return Ok(());
         };
-        let offsets = positions.0.iter().filter_map(|(split, next)| {
-            let partition = split.strip_prefix(self.settings.topic())?.strip_prefix('-')?.parse().ok()?;
-            Some((partition, *next))
-        });
-        let list = partition_list(self.settings.topic(), offsets);
-        if list.count() == 0 {
-            return Ok(());
-        }
-        if let Err(error) = consumer.commit(&list, CommitMode::Async) {
-            self.settings.metrics.commit_failed();
-            tracing::warn!(source = %self.settings.label, %checkpoint, %error, "committing offsets to the group failed (best effort)");
+        let offsets: Vec<(i32, i64)> = self
+            .next
+            .keys()
+            .filter_map(|p| Some((*p, positions.get(&self.settings.split(*p))?)))
+            .collect();
+        if !offsets.is_empty() {
+            self.committer
+                .request(consumer.clone(), self.settings.clone(), checkpoint, offsets);
         }
         Ok(())
     }
@@ -324,28 +331,73 @@ impl Drop for KafkaSource {
     }
 }
 
-/// Which position snapshot belongs to which checkpoint.
-///
-/// The core does not tell `position()` which checkpoint it is for. Checkpoint
-/// ids grow by one per barrier, and the runtime calls `position()` once per
-/// barrier, so the snapshot of checkpoint `id` is call number
-/// `id - first + 1`, where `first` is the first completed id seen — exact when
-/// the first checkpoint of a run completes, otherwise an older snapshot, so the
-/// group never gets offsets beyond a completed checkpoint.
+/// Commits checkpointed offsets to the consumer group from a blocking thread,
+/// one commit at a time; a newer request replaces a pending older one (offsets
+/// only grow, so nothing is lost). librdkafka does not report the outcome of
+/// an asynchronous manual commit, hence a synchronous one off the runtime.
+#[derive(Debug, Default)]
+struct GroupCommitter {
+    slot: Mutex<CommitSlot>,
+}
+
+#[derive(Debug, Default)]
+struct CommitSlot {
+    pending: Option<(CheckpointId, Vec<(i32, i64)>)>,
+    running: bool,
+}
+
+impl GroupCommitter {
+    fn request(
+        self: &Arc<Self>,
+        consumer: Arc<KafkaConsumer>,
+        settings: Arc<Settings>,
+        checkpoint: CheckpointId,
+        offsets: Vec<(i32, i64)>,
+    ) {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        slot.pending = Some((checkpoint, offsets));
+        if std::mem::replace(&mut slot.running, true) {
+            return;
+        }
+        drop(slot);
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || loop {
+            let (checkpoint, offsets) = {
+                let mut slot = this.slot.lock().unwrap_or_else(|e| e.into_inner());
+                match slot.pending.take() {
+                    Some(next) => next,
+                    None => {
+                        slot.running = false;
+                        return;
+                    }
+                }
+            };
+            let result = consumer.commit(&partition_list(settings.topic(), offsets), CommitMode::Sync);
+            settings.metrics.committed(result.is_ok());
+            match result {
+                Ok(()) => tracing::debug!(source = %settings.label, %checkpoint, "offsets committed to the group"),
+                Err(error) => tracing::warn!(
+                    source = %settings.label,
+                    %checkpoint,
+                    %error,
+                    "committing offsets to the group failed (best effort)"
+                ),
+            }
+        });
+    }
+}
+
+/// Positions recorded at recent barriers, by checkpoint id, so a completed
+/// checkpoint's offsets can be committed to the consumer group.
 #[derive(Debug, Default)]
 struct Progress {
-    /// `position()` calls so far.
-    taken: u64,
-    /// Recent snapshots with their call number (1-based).
-    recent: VecDeque<(u64, SplitPositions)>,
-    first_completed: Option<CheckpointId>,
+    recent: VecDeque<(CheckpointId, SplitPositions)>,
     last_completed: Option<CheckpointId>,
 }
 
 impl Progress {
-    fn record(&mut self, positions: SplitPositions) {
-        self.taken += 1;
-        self.recent.push_back((self.taken, positions));
+    fn record(&mut self, checkpoint: CheckpointId, positions: SplitPositions) {
+        self.recent.push_back((checkpoint, positions));
         if self.recent.len() > SNAPSHOTS_KEPT {
             self.recent.pop_front();
         }
@@ -356,11 +408,9 @@ impl Progress {
         if self.last_completed.is_some_and(|last| id <= last) {
             return None;
         }
-        let first = *self.first_completed.get_or_insert(id);
-        let call = id.0.checked_sub(first.0)? + 1;
         self.last_completed = Some(id);
-        let found = self.recent.iter().find(|(n, _)| *n == call).map(|(_, p)| p.clone());
-        self.recent.retain(|(n, _)| *n > call);
+        let found = self.recent.iter().find(|(n, _)| *n == id).map(|(_, p)| p.clone());
+        self.recent.retain(|(n, _)| *n > id);
         found
     }
 }
@@ -418,10 +468,17 @@ fn open(
     // A checkpoint that read this topic lists every partition that existed
     // then: the missing ones were added since, so they start at the beginning.
     let topic_in_checkpoint = positions.is_some_and(|p| {
-        p.0.keys()
-            .any(|split| split.strip_prefix(settings.topic()).is_some_and(|rest| rest.starts_with('-')))
+        p.0.keys().any(|split| {
+            split
+                .strip_prefix(settings.topic())
+                .is_some_and(|rest| rest.starts_with('-'))
+        })
     });
-    let start = if topic_in_checkpoint { StartPosition::Earliest } else { config.start };
+    let start = if topic_in_checkpoint {
+        StartPosition::Earliest
+    } else {
+        config.start
+    };
     let mut next = BTreeMap::new();
     let mut unresolved = Vec::new();
     for p in partitions.iter().copied().filter(|p| owns(*p, subtask, parallelism)) {
@@ -433,9 +490,12 @@ fn open(
         }
     }
     if !unresolved.is_empty() {
-        let resolved = retry(settings, deadline, &format!("resolving start position {start}"), |timeout| {
-            resolve(&consumer, settings.topic(), start, &unresolved, timeout)
-        })?;
+        let resolved = retry(
+            settings,
+            deadline,
+            &format!("resolving start position {start}"),
+            |timeout| resolve(&consumer, settings.topic(), start, &unresolved, timeout),
+        )?;
         next.extend(resolved);
     }
     consumer
@@ -537,7 +597,11 @@ fn resolve(
                 let offset = match offset {
                     Offset::Offset(o) => o,
                     _ => {
-                        tracing::info!(topic, partition = p, "the group has no committed offset: starting at earliest");
+                        tracing::info!(
+                            topic,
+                            partition = p,
+                            "the group has no committed offset: starting at earliest"
+                        );
                         watermark(p, false)?
                     }
                 };
@@ -598,13 +662,12 @@ mod tests {
     #[test]
     fn completed_checkpoints_map_to_their_snapshot() {
         let mut progress = Progress::default();
-        progress.record(at(1));
-        progress.record(at(2));
+        progress.record(CheckpointId(8), at(1));
+        progress.record(CheckpointId(9), at(2));
         assert_eq!(progress.completed(CheckpointId(8)), Some(at(1)));
         assert_eq!(progress.completed(CheckpointId(8)), None, "repeated");
-        progress.record(at(3));
-        progress.record(at(4));
-        // 10 is two barriers after 8: snapshot 3.
+        progress.record(CheckpointId(10), at(3));
+        progress.record(CheckpointId(11), at(4));
         assert_eq!(progress.completed(CheckpointId(10)), Some(at(3)));
         assert_eq!(progress.completed(CheckpointId(9)), None, "going back");
         assert_eq!(progress.completed(CheckpointId(11)), Some(at(4)));
@@ -615,11 +678,50 @@ mod tests {
     fn old_snapshots_are_dropped() {
         let mut progress = Progress::default();
         for n in 0..200 {
-            progress.record(at(n));
+            progress.record(CheckpointId(n as u64 + 1), at(n));
         }
         assert_eq!(progress.recent.len(), SNAPSHOTS_KEPT);
         assert_eq!(progress.completed(CheckpointId(1)), None, "snapshot 1 is gone");
         assert_eq!(progress.completed(CheckpointId(200)), Some(at(199)));
+    }
+
+    /// Partition growth needs CreatePartitions, which Nisshi lacks: make the
+    /// source forget a partition instead, so discovery finds it "new".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn discovery_assigns_unknown_partitions_from_their_beginning() {
+        let broker = exactly_testkit::KafkaBroker::start().expect("start the Kafka broker");
+        let admin = crate::admin::KafkaAdmin::new(broker.bootstrap());
+        let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().subsec_nanos();
+        let topic = format!("discover-{}-{nanos}", std::process::id());
+        admin.create_topic(&topic, 3).await.unwrap();
+        let records = (0..30).map(|i| crate::admin::ProduceRecord::new(format!("{i}")).to_partition(i % 3));
+        admin.produce(&topic, records).await.unwrap();
+
+        let mut config = KafkaSourceConfig::new(broker.bootstrap(), &topic);
+        config.partition_discovery_interval = Duration::from_millis(200);
+        let factory = KafkaSourceFactory::new("p", config).unwrap();
+        let mut source = factory.subtask(0, 1).unwrap();
+        source.restore(None).await.unwrap();
+        let consumer = source.consumer().unwrap();
+        consumer
+            .incremental_unassign(&partition_list(&topic, [(2, 0)]))
+            .unwrap();
+        source.known.remove(&2);
+        source.next.remove(&2);
+
+        let mut read = BTreeSet::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while read.len() < 30 {
+            assert!(Instant::now() < deadline, "read only {read:?}");
+            if let Poll::Records(batch) = source.poll(100).await.unwrap() {
+                for r in batch {
+                    assert!(read.insert((r.split, r.offset)), "read twice");
+                }
+            }
+        }
+        assert_eq!(factory.metrics().partitions_discovered, 1);
+        let expected: BTreeMap<String, i64> = (0..3).map(|p| (split_name(&topic, p), 10)).collect();
+        assert_eq!(source.position(CheckpointId(1)).0, expected);
     }
 
     #[test]

@@ -2,9 +2,14 @@
 //! or the Kafka named by `EXACTLY_KAFKA_BOOTSTRAP`.
 
 use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use exactly_core::{CheckpointId, Poll, Record, Source, SourceFactory, SplitPositions};
+use exactly_core::{
+    CheckpointId, FsCheckpointStore, Pipeline, PipelineConfig, Poll, Record, Source, SourceFactory, SplitPositions,
+};
+use exactly_file::FileSinkFactory;
 use exactly_kafka::admin::{KafkaAdmin, ProduceRecord};
 use exactly_kafka::{KafkaSourceConfig, KafkaSourceFactory, StartPosition};
 use exactly_testkit::KafkaBroker;
@@ -114,15 +119,21 @@ async fn poll_all(sources: &mut [Box<dyn Source>], max: usize, into: &mut Vec<(u
     }
 }
 
-/// Polls until `n` records arrived, then a little longer; returns all of them
-/// with the subtask that read each.
-async fn read_from(sources: &mut [Box<dyn Source>], n: usize) -> Vec<(usize, Record)> {
+/// Polls, `max` records per poll, until at least `n` records arrived.
+async fn read_at_least(sources: &mut [Box<dyn Source>], n: usize, max: usize) -> Vec<(usize, Record)> {
     let mut out = Vec::new();
     let deadline = Instant::now() + READ_TIMEOUT;
     while out.len() < n {
         assert!(Instant::now() < deadline, "only {} of {n} records arrived", out.len());
-        poll_all(sources, 50, &mut out).await;
+        poll_all(sources, max, &mut out).await;
     }
+    out
+}
+
+/// Polls until `n` records arrived, then a little longer; returns all of them
+/// with the subtask that read each.
+async fn read_from(sources: &mut [Box<dyn Source>], n: usize) -> Vec<(usize, Record)> {
+    let mut out = read_at_least(sources, n, 50).await;
     let settle = Instant::now() + SETTLE;
     while Instant::now() < settle {
         poll_all(sources, 50, &mut out).await;
@@ -130,14 +141,38 @@ async fn read_from(sources: &mut [Box<dyn Source>], n: usize) -> Vec<(usize, Rec
     out
 }
 
+/// Retries `check` until it passes; fails with its last complaint after
+/// [`READ_TIMEOUT`].
+async fn eventually(mut check: impl AsyncFnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + READ_TIMEOUT;
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(complaint) if Instant::now() > deadline => panic!("{complaint}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The offsets `group` committed for the fixture's topic, as positions.
+async fn group_offsets(fx: &Fixture, group: &str) -> SplitPositions {
+    let committed = fx.admin.committed(group, &fx.topic).await.expect("OffsetFetch");
+    SplitPositions(
+        committed
+            .into_iter()
+            .map(|(p, o)| (format!("{}-{p}", fx.topic), o))
+            .collect(),
+    )
+}
+
 async fn read(sources: &mut [Box<dyn Source>], n: usize) -> Vec<Record> {
     read_from(sources, n).await.into_iter().map(|(_, r)| r).collect()
 }
 
-fn positions(sources: &[Box<dyn Source>]) -> SplitPositions {
+fn positions(sources: &mut [Box<dyn Source>]) -> SplitPositions {
     let mut all = SplitPositions::default();
     for s in sources {
-        all.merge(&s.position());
+        all.merge(&s.position(exactly_core::CheckpointId(1)));
     }
     all
 }
@@ -146,7 +181,10 @@ fn positions(sources: &[Box<dyn Source>]) -> SplitPositions {
 fn values(records: &[Record]) -> Vec<String> {
     let ids: BTreeSet<_> = records.iter().map(|r| (r.split.clone(), r.offset)).collect();
     assert_eq!(ids.len(), records.len(), "a record was delivered twice");
-    let mut v: Vec<String> = records.iter().map(|r| String::from_utf8_lossy(&r.value).into()).collect();
+    let mut v: Vec<String> = records
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.value).into())
+        .collect();
     v.sort();
     v
 }
@@ -185,13 +223,25 @@ async fn two_subtasks_read_every_record_once_with_its_metadata() {
         let (topic, partition) = r.topic_partition().expect("split is <topic>-<partition>");
         assert_eq!(topic, fx.topic);
         assert_eq!((partition, r.offset), delivered[i], "split and offset of {value}");
-        assert_eq!(partition as usize % 2, *subtask, "partition {partition} read by subtask {subtask}");
+        assert_eq!(
+            partition as usize % 2,
+            *subtask,
+            "partition {partition} read by subtask {subtask}"
+        );
         assert_eq!(r.key.as_deref(), Some(format!("k-{i}").as_bytes()));
         assert_eq!(r.headers, vec![("i".to_string(), i.to_string().into_bytes())]);
         let ts = r.timestamp_ms.expect("timestamp");
-        assert!((produced_at - 60_000..produced_at + 60_000).contains(&ts), "timestamp {ts}");
+        assert!(
+            (produced_at - 60_000..produced_at + 60_000).contains(&ts),
+            "timestamp {ts}"
+        );
     }
-    assert_eq!(positions(&sources), ends(&fx.topic, &delivered));
+    assert_eq!(positions(&mut sources), ends(&fx.topic, &delivered));
+
+    // A plain consumer sees the very same records.
+    let mut sorted = records;
+    sorted.sort_by(|a, b| (a.topic_partition(), a.offset).cmp(&(b.topic_partition(), b.offset)));
+    assert_eq!(fx.admin.read_all(&fx.topic).await.expect("read_all"), sorted);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,21 +250,22 @@ async fn restored_subtasks_continue_exactly_where_the_position_was_taken() {
     fx.produce(0..60, 3).await;
     let factory = fx.factory(|_| {});
     let mut first = subtasks(&factory, 2, None).await;
-    let mut before = Vec::new();
-    let deadline = Instant::now() + READ_TIMEOUT;
-    while before.len() < 20 {
-        assert!(Instant::now() < deadline, "nothing to read");
-        poll_all(&mut first, 7, &mut before).await;
-    }
-    let taken = positions(&first);
-    assert!(before.len() < 60, "read everything already; the test needs a mid-way position");
+    let before = read_at_least(&mut first, 20, 7).await;
+    let taken = positions(&mut first);
+    assert!(
+        before.len() < 60,
+        "read everything already; the test needs a mid-way position"
+    );
     drop(first);
 
     fx.produce(60..90, 3).await;
     let mut second = subtasks(&factory, 2, Some(&taken)).await;
     let after = read(&mut second, 90 - before.len()).await;
     for r in &after {
-        assert!(r.offset >= taken.get(&r.split).unwrap(), "{r:?} is before the restored position");
+        assert!(
+            r.offset >= taken.get(&r.split).unwrap(),
+            "{r:?} is before the restored position"
+        );
     }
     let mut all: Vec<Record> = before.into_iter().map(|(_, r)| r).collect();
     all.extend(after);
@@ -228,7 +279,7 @@ async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore
     let factory = fx.factory(|c| c.start = StartPosition::Latest);
     let mut sources = subtasks(&factory, 1, None).await;
     // Resolved to numbers before any record arrived.
-    let at_start = positions(&sources);
+    let at_start = positions(&mut sources);
     assert_eq!(at_start, ends(&fx.topic, &old));
 
     fx.produce(20..30, 2).await;
@@ -265,13 +316,16 @@ async fn partitions_added_later_are_read_from_their_beginning() {
     fx.produce(10..20, 2).await;
     let mut records = read(&mut sources, 10).await;
 
-    fx.admin.create_partitions(&fx.topic, 4).await.expect("CreatePartitions");
+    fx.admin
+        .create_partitions(&fx.topic, 4)
+        .await
+        .expect("CreatePartitions");
     // Produced before the source sees the new partitions: still read, since
     // new partitions start at their beginning whatever `start` says.
     fx.produce(20..40, 4).await;
     records.extend(read(&mut sources, 20).await);
     assert_eq!(values(&records), expected(10..40));
-    let splits: BTreeSet<String> = positions(&sources).0.into_keys().collect();
+    let splits: BTreeSet<String> = positions(&mut sources).0.into_keys().collect();
     assert_eq!(splits, (0..4).map(|p| format!("{}-{p}", fx.topic)).collect());
     assert_eq!(factory.metrics().partitions_discovered, 2);
 }
@@ -283,11 +337,14 @@ async fn a_partition_created_after_the_checkpoint_is_read_from_its_beginning_on_
     fx.produce(0..5, 1).await;
     let factory = fx.factory(|c| c.start = StartPosition::Latest);
     let mut sources = subtasks(&factory, 1, None).await;
-    let checkpoint = positions(&sources);
+    let checkpoint = positions(&mut sources);
     drop(sources);
 
     // While the pipeline is down, a partition appears and gets records.
-    fx.admin.create_partitions(&fx.topic, 2).await.expect("CreatePartitions");
+    fx.admin
+        .create_partitions(&fx.topic, 2)
+        .await
+        .expect("CreatePartitions");
     fx.produce(5..15, 2).await;
     let mut restored = subtasks(&factory, 1, Some(&checkpoint)).await;
     assert_eq!(values(&read(&mut restored, 10).await), expected(5..15));
@@ -301,27 +358,20 @@ async fn checkpointed_offsets_are_committed_to_the_group_and_start_group_uses_th
     let factory = fx.factory(|c| c.group_id = Some(group.clone()));
     let mut sources = subtasks(&factory, 1, None).await;
     read(&mut sources, 20).await;
-    let checkpoint = positions(&sources);
+    let checkpoint = positions(&mut sources);
     sources[0].checkpoint_complete(CheckpointId(1)).await.unwrap();
-    let deadline = Instant::now() + READ_TIMEOUT;
-    loop {
-        // Polling serves the commit result.
-        read(&mut sources, 0).await;
-        let committed = fx.admin.committed(&group, &fx.topic).await.expect("OffsetFetch");
+    eventually(async || {
+        let got = group_offsets(&fx, &group).await;
         let commits = factory.metrics().group_commits;
-        let expected: Vec<(String, i64)> = checkpoint.0.clone().into_iter().collect();
-        let got: Vec<(String, i64)> = committed
-            .into_iter()
-            .map(|(p, o)| (format!("{}-{p}", fx.topic), o))
-            .collect();
-        if got == expected && commits == 1 {
-            break;
+        if got == checkpoint && commits == 1 {
+            Ok(())
+        } else {
+            Err(format!(
+                "group offsets {got:?}, checkpoint {checkpoint:?}, {commits} commits"
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "group offsets {got:?}, checkpoint {expected:?}, {commits} commit results"
-        );
-    }
+    })
+    .await;
 
     fx.produce(20..30, 2).await;
     let from_group = fx.factory(|c| {
@@ -342,12 +392,7 @@ async fn the_source_rides_out_a_broker_restart() {
     fx.produce(0..60, 3).await;
     let factory = fx.factory(|_| {});
     let mut sources = subtasks(&factory, 2, None).await;
-    let mut records = Vec::new();
-    let deadline = Instant::now() + READ_TIMEOUT;
-    while records.len() < 20 {
-        assert!(Instant::now() < deadline, "nothing to read");
-        poll_all(&mut sources, 5, &mut records).await;
-    }
+    let mut records = read_at_least(&mut sources, 20, 5).await;
 
     fx.broker.stop().expect("stop the broker");
     let outage = Instant::now() + Duration::from_secs(3);
@@ -365,6 +410,65 @@ async fn the_source_rides_out_a_broker_restart() {
     assert_eq!(values(&records), expected(0..100));
 }
 
+/// Runs the pipeline `kafka-to-files` (parallelism 2) from `fx`'s topic into
+/// `dir/out` until it has read `records`, then stops it (final checkpoint).
+async fn run_pipeline(fx: &Fixture, dir: &Path, group: &str, records: u64) {
+    let name = "kafka-to-files";
+    let source = fx.factory(|c| c.group_id = Some(group.to_string()));
+    let mut config = PipelineConfig::new(name);
+    config.parallelism = 2;
+    config.checkpoint.interval = Duration::from_millis(200);
+    let sink = FileSinkFactory::new(dir.join("out"));
+    let store = FsCheckpointStore::new(dir.join("checkpoints"), name, 3);
+    let pipeline = Pipeline::new(config, Arc::new(source), Arc::new(sink), Arc::new(store)).unwrap();
+    let metrics = pipeline.metrics();
+    let read_all = async move {
+        while metrics.snapshot().records_in < records {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let run = tokio::time::timeout(READ_TIMEOUT, pipeline.run(read_all));
+    run.await.expect("the pipeline read everything in time").expect("run");
+}
+
+/// The values in the committed files of `dir`, sorted.
+fn committed_lines(dir: &Path) -> Vec<String> {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.file_name().unwrap().to_string_lossy().starts_with('.') {
+            lines.extend(std::fs::read_to_string(path).unwrap().lines().map(String::from));
+        }
+    }
+    lines.sort();
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_copies_the_topic_exactly_once_across_runs_and_publishes_its_offsets() {
+    let fx = Fixture::new("pipeline", 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let group = unique("pipeline");
+    let mut delivered = fx.produce(0..50, 3).await;
+    run_pipeline(&fx, dir.path(), &group, 50).await;
+    delivered.extend(fx.produce(50..80, 3).await);
+    // The second run resumes from the first run's final checkpoint.
+    run_pipeline(&fx, dir.path(), &group, 30).await;
+    assert_eq!(committed_lines(&dir.path().join("out")), expected(0..80));
+
+    // The group ends at the last checkpoint: the end of every partition.
+    let end = ends(&fx.topic, &delivered);
+    eventually(async || {
+        let got = group_offsets(&fx, &group).await;
+        if got == end {
+            Ok(())
+        } else {
+            Err(format!("group offsets {got:?}, end of the topic {end:?}"))
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn an_unreachable_bootstrap_is_a_clear_transient_error() {
     init_tracing();
@@ -376,10 +480,17 @@ async fn an_unreachable_bootstrap_is_a_clear_transient_error() {
     let mut source = factory.create(0, 1).unwrap();
     let started = Instant::now();
     let error = source.restore(None).await.expect_err("nothing listens there");
-    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
     assert!(error.is_retriable(), "{error}");
     let message = error.to_string();
-    assert!(message.contains(&bootstrap) && message.contains("did not answer within 2s"), "{message}");
+    assert!(
+        message.contains(&bootstrap) && message.contains("did not answer within 2s"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,5 +504,8 @@ async fn a_missing_topic_is_a_fatal_error_naming_it() {
     let mut source = factory.create(0, 1).unwrap();
     let error = source.restore(None).await.expect_err("no such topic");
     assert!(!error.is_retriable(), "{error}");
-    assert!(error.to_string().contains(&format!("topic `{topic}` does not exist")), "{error}");
+    assert!(
+        error.to_string().contains(&format!("topic `{topic}` does not exist")),
+        "{error}"
+    );
 }

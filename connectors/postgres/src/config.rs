@@ -307,7 +307,12 @@ impl ColumnType {
     fn is_number(self) -> bool {
         matches!(
             self,
-            ColumnType::SmallInt | ColumnType::Int | ColumnType::BigInt | ColumnType::Real | ColumnType::Double | ColumnType::Numeric
+            ColumnType::SmallInt
+                | ColumnType::Int
+                | ColumnType::BigInt
+                | ColumnType::Real
+                | ColumnType::Double
+                | ColumnType::Numeric
         )
     }
 }
@@ -316,7 +321,9 @@ impl ColumnType {
 fn impossible_pairing(from: &FieldSource, ty: ColumnType) -> Option<&'static str> {
     use ColumnType::*;
     match from {
-        FieldSource::Headers if !matches!(ty, Json | Jsonb | Text) => Some("headers are a JSON object: use json, jsonb or text"),
+        FieldSource::Headers if !matches!(ty, Json | Jsonb | Text) => {
+            Some("headers are a JSON object: use json, jsonb or text")
+        }
         FieldSource::Topic if ty.is_number() || matches!(ty, Boolean | Timestamptz) => {
             Some("the topic is text: use text, bytea, json or jsonb")
         }
@@ -402,6 +409,13 @@ impl PostgresSinkConfig {
                 "use postgres://USER:PASSWORD@HOST:PORT/DATABASE",
             )
         })?;
+        if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(invalid(
+                "url",
+                "sslmode=require asks for TLS, which this sink does not support yet",
+                "use sslmode=prefer or sslmode=disable (or reach the server through a TLS tunnel)",
+            ));
+        }
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(std::time::Duration::from_secs(10));
         }
@@ -465,7 +479,11 @@ impl PostgresSinkConfig {
         for (name, column) in &self.columns.0 {
             let key = format!("columns.{name}");
             if name.is_empty() || name.contains('\0') {
-                return Err(invalid("columns", "a column name is empty or contains NUL", "rename the column"));
+                return Err(invalid(
+                    "columns",
+                    "a column name is empty or contains NUL",
+                    "rename the column",
+                ));
             }
             if RESERVED_COLUMNS.contains(&name.as_str()) {
                 return Err(invalid(
@@ -504,7 +522,11 @@ impl PostgresSinkConfig {
         let mut indexes = Vec::with_capacity(key.len());
         for name in key {
             if !seen.insert(name) {
-                return Err(invalid("upsert_key", format!("lists `{name}` twice"), "list each column once"));
+                return Err(invalid(
+                    "upsert_key",
+                    format!("lists `{name}` twice"),
+                    "list each column once",
+                ));
             }
             let Some(i) = columns.iter().position(|(n, _)| n == name) else {
                 return Err(invalid(
@@ -644,7 +666,10 @@ raw = { from = "value", type = "bytea" }
         let mut config = parse(BASE).unwrap();
         config.upsert_key = Some(vec!["nope".into()]);
         let message = fatal_message(config.validate());
-        assert!(message.contains("sink.postgres.upsert_key") && message.contains("Fix:"), "{message}");
+        assert!(
+            message.contains("sink.postgres.upsert_key") && message.contains("Fix:"),
+            "{message}"
+        );
 
         config.upsert_key = Some(vec!["name".into()]);
         let message = fatal_message(config.validate());
@@ -659,6 +684,9 @@ raw = { from = "value", type = "bytea" }
         config.url = "postgres://host:notaport/db".into();
         let message = fatal_message(config.validate());
         assert!(message.contains("sink.postgres.url"), "{message}");
+        config.url = "postgres://u:secret@host/db?sslmode=require".into();
+        let message = fatal_message(config.validate());
+        assert!(message.contains("sslmode") && !message.contains("secret"), "{message}");
 
         let mut config = parse(BASE).unwrap();
         config.dead_letter_table = Some("sales.orders".into());
@@ -677,7 +705,9 @@ raw = { from = "value", type = "bytea" }
 
     #[test]
     fn upsert_key_and_aliases_are_accepted() {
-        let text = BASE.replace("table = ", "upsert_key = [\"id\"]\ntable = ").replace("\"bigint\"", "\"int8\"");
+        let text = BASE
+            .replace("table = ", "upsert_key = [\"id\"]\ntable = ")
+            .replace("\"bigint\"", "\"int8\"");
         let config = parse(&text).unwrap();
         let settings = config.settings().unwrap();
         assert_eq!(settings.upsert_key, Some(vec![0]));

@@ -31,6 +31,8 @@ pub(crate) enum Cell {
     /// Already in binary `numeric` format.
     Numeric(Vec<u8>),
     Text(String),
+    /// JSON text sent as is (`json`, or `jsonb` with its version byte).
+    JsonText(String),
     Bool(bool),
     Bytes(Vec<u8>),
     Json(Value),
@@ -51,6 +53,13 @@ impl ToSql for Cell {
             Cell::Bool(v) => v.to_sql(ty, out),
             Cell::Bytes(v) => v.as_slice().to_sql(ty, out),
             Cell::Json(v) => Json(v).to_sql(ty, out),
+            Cell::JsonText(text) => {
+                if *ty == Type::JSONB {
+                    out.put_u8(1);
+                }
+                out.put_slice(text.as_bytes());
+                Ok(IsNull::No)
+            }
             Cell::Numeric(bytes) => {
                 out.put_slice(bytes);
                 Ok(IsNull::No)
@@ -220,19 +229,22 @@ fn typed(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
         }
         ColumnType::Boolean => Cell::Bool(boolean(&input)?),
         ColumnType::Bytea => Cell::Bytes(bytes(&input)),
-        ColumnType::Json => Cell::Json(json(&input)?),
-        ColumnType::Jsonb => {
+        ColumnType::Json | ColumnType::Jsonb => {
             let value = json(&input)?;
-            if contains_nul(&value) {
+            if column.ty == ColumnType::Jsonb && contains_nul(&value) {
                 return Err("jsonb cannot store the character \\u0000".into());
             }
-            Cell::Json(value)
+            match input {
+                // Valid JSON bytes keep their text (key order, spacing).
+                Input::Raw(raw) => Cell::JsonText(utf8(raw)?.to_string()),
+                _ => Cell::Json(value),
+            }
         }
         ColumnType::Timestamptz => Cell::Timestamptz(timestamp(&input)?),
     })
 }
 
-fn utf8<'a>(raw: &'a [u8]) -> Result<&'a str, String> {
+fn utf8(raw: &[u8]) -> Result<&str, String> {
     std::str::from_utf8(raw).map_err(|e| format!("the bytes are not valid UTF-8 ({e})"))
 }
 
@@ -437,10 +449,19 @@ mod tests {
     #[test]
     fn integers_are_parsed_and_range_checked() {
         assert_eq!(one(r#"{"a":5}"#, "/a", ColumnType::Int, true), Ok(Cell::Int(5)));
-        assert_eq!(one(r#"{"a":"42"}"#, "/a", ColumnType::BigInt, true), Ok(Cell::BigInt(42)));
-        assert_eq!(one(r#"{"a":3.0}"#, "/a", ColumnType::SmallInt, true), Ok(Cell::SmallInt(3)));
+        assert_eq!(
+            one(r#"{"a":"42"}"#, "/a", ColumnType::BigInt, true),
+            Ok(Cell::BigInt(42))
+        );
+        assert_eq!(
+            one(r#"{"a":3.0}"#, "/a", ColumnType::SmallInt, true),
+            Ok(Cell::SmallInt(3))
+        );
         let err = one(r#"{"a":"abc"}"#, "/a", ColumnType::BigInt, true).unwrap_err();
-        assert!(err.contains("\"abc\" is not an integer") && err.contains("column \"c\""), "{err}");
+        assert!(
+            err.contains("\"abc\" is not an integer") && err.contains("column \"c\""),
+            "{err}"
+        );
         let err = one(r#"{"a":3000000000}"#, "/a", ColumnType::Int, true).unwrap_err();
         assert!(err.contains("out of range for int"), "{err}");
         assert!(one(r#"{"a":18446744073709551615}"#, "/a", ColumnType::BigInt, true).is_err());
@@ -454,7 +475,9 @@ mod tests {
     fn missing_and_null_values_follow_required() {
         let err = one(r#"{"b":1}"#, "/a", ColumnType::Int, true).unwrap_err();
         assert!(err.contains("no such value"), "{err}");
-        assert!(one(r#"{"a":null}"#, "/a", ColumnType::Int, true).unwrap_err().contains("null"));
+        assert!(one(r#"{"a":null}"#, "/a", ColumnType::Int, true)
+            .unwrap_err()
+            .contains("null"));
         assert_eq!(one(r#"{"b":1}"#, "/a", ColumnType::Int, false), Ok(Cell::Null));
         assert_eq!(one(r#"{"a":null}"#, "/a", ColumnType::Text, false), Ok(Cell::Null));
         let mut column = ColumnSpec::plain("c", "/a", ColumnType::Int, false);
@@ -474,34 +497,62 @@ mod tests {
         let err = one("not json", "/a", ColumnType::Int, false).unwrap_err();
         assert!(err.contains("not valid JSON"), "{err}");
         // Without pointers the value is never parsed.
-        assert_eq!(one("not json", "value", ColumnType::Text, true), Ok(Cell::Text("not json".into())));
+        assert_eq!(
+            one("not json", "value", ColumnType::Text, true),
+            Ok(Cell::Text("not json".into()))
+        );
     }
 
     #[test]
     fn text_bytes_json_and_booleans() {
-        assert_eq!(one(r#"{"a":"x"}"#, "/a", ColumnType::Text, true), Ok(Cell::Text("x".into())));
-        assert_eq!(one(r#"{"a":[1,2]}"#, "/a", ColumnType::Text, true), Ok(Cell::Text("[1,2]".into())));
-        assert_eq!(one("x", "topic", ColumnType::Text, true), Ok(Cell::Text("orders".into())));
+        assert_eq!(
+            one(r#"{"a":"x"}"#, "/a", ColumnType::Text, true),
+            Ok(Cell::Text("x".into()))
+        );
+        assert_eq!(
+            one(r#"{"a":[1,2]}"#, "/a", ColumnType::Text, true),
+            Ok(Cell::Text("[1,2]".into()))
+        );
+        assert_eq!(
+            one("x", "topic", ColumnType::Text, true),
+            Ok(Cell::Text("orders".into()))
+        );
         assert!(one(r#"{"a":"x\u0000"}"#, "/a", ColumnType::Text, true).is_err());
         assert!(one(r#"{"a":"x\u0000"}"#, "/a", ColumnType::Jsonb, true).is_err());
         assert_eq!(
             one(r#"{"a":"x\u0000"}"#, "/a", ColumnType::Json, true),
             Ok(Cell::Json(json!("x\u{0}")))
         );
-        assert_eq!(one(r#"{"a":"hi"}"#, "/a", ColumnType::Bytea, true), Ok(Cell::Bytes(b"hi".to_vec())));
+        assert_eq!(
+            one(r#"{"a":"hi"}"#, "/a", ColumnType::Bytea, true),
+            Ok(Cell::Bytes(b"hi".to_vec()))
+        );
         assert_eq!(
             one(r#"{"a":{"b":1}}"#, "/a", ColumnType::Jsonb, true),
             Ok(Cell::Json(json!({"b": 1})))
         );
-        assert_eq!(one(r#"[1]"#, "value", ColumnType::Jsonb, true), Ok(Cell::Json(json!([1]))));
+        assert_eq!(
+            one(r#"[1, 2]"#, "value", ColumnType::Jsonb, true),
+            Ok(Cell::JsonText("[1, 2]".into()))
+        );
+        assert!(one(r#"["\u0000"]"#, "value", ColumnType::Jsonb, true).is_err());
         assert!(one("{", "value", ColumnType::Jsonb, true).is_err());
-        assert_eq!(one(r#"{"a":true}"#, "/a", ColumnType::Boolean, true), Ok(Cell::Bool(true)));
-        assert_eq!(one(r#"{"a":"off"}"#, "/a", ColumnType::Boolean, true), Ok(Cell::Bool(false)));
+        assert_eq!(
+            one(r#"{"a":true}"#, "/a", ColumnType::Boolean, true),
+            Ok(Cell::Bool(true))
+        );
+        assert_eq!(
+            one(r#"{"a":"off"}"#, "/a", ColumnType::Boolean, true),
+            Ok(Cell::Bool(false))
+        );
         assert!(one(r#"{"a":"maybe"}"#, "/a", ColumnType::Boolean, true).is_err());
         let mut column = ColumnSpec::plain("c", "/a", ColumnType::Text, true);
         column.max_chars = Some(3);
         let record = Record::new("s", 0, br#"{"a":"ab\u00e9"}"#.to_vec());
-        assert!(to_row(&record, std::slice::from_ref(&column)).is_ok(), "counts characters, not bytes");
+        assert!(
+            to_row(&record, std::slice::from_ref(&column)).is_ok(),
+            "counts characters, not bytes"
+        );
         let record = Record::new("s", 0, br#"{"a":"abcd"}"#.to_vec());
         assert!(to_row(&record, &[column]).unwrap_err().contains("limit of 3"));
         let record = Record::new("s", 0, vec![0xff, 0xfe]);
@@ -511,12 +562,18 @@ mod tests {
 
     #[test]
     fn floats_and_numerics() {
-        assert_eq!(one(r#"{"a":1.25}"#, "/a", ColumnType::Double, true), Ok(Cell::Double(1.25)));
+        assert_eq!(
+            one(r#"{"a":1.25}"#, "/a", ColumnType::Double, true),
+            Ok(Cell::Double(1.25))
+        );
         assert_eq!(one(r#"{"a":"2.5"}"#, "/a", ColumnType::Real, true), Ok(Cell::Real(2.5)));
         assert!(one(r#"{"a":1e300}"#, "/a", ColumnType::Real, true).is_err());
         assert!(one(r#"{"a":"x"}"#, "/a", ColumnType::Double, true).is_err());
         let expected = Decimal::parse("12.50").unwrap().to_binary();
-        assert_eq!(one(r#"{"a":"12.50"}"#, "/a", ColumnType::Numeric, true), Ok(Cell::Numeric(expected)));
+        assert_eq!(
+            one(r#"{"a":"12.50"}"#, "/a", ColumnType::Numeric, true),
+            Ok(Cell::Numeric(expected))
+        );
         assert!(one(r#"{"a":"12,5"}"#, "/a", ColumnType::Numeric, true).is_err());
         let mut column = ColumnSpec::plain("c", "/a", ColumnType::Numeric, true);
         column.numeric = Some(NumericTypmod { precision: 4, scale: 2 });
@@ -564,7 +621,9 @@ mod tests {
         let column = ColumnSpec::plain("h", "headers", ColumnType::Jsonb, true);
         assert_eq!(
             to_row(&record, &[column]),
-            Ok(vec![Cell::Json(json!({"trace": "abc", "bin": "\\x00ff", "tag": ["a", "b", "c"]}))])
+            Ok(vec![Cell::Json(
+                json!({"trace": "abc", "bin": "\\x00ff", "tag": ["a", "b", "c"]})
+            )])
         );
     }
 

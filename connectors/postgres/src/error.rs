@@ -22,7 +22,11 @@ pub(crate) fn describe_url(config: &tokio_postgres::Config) -> String {
             }
         })
         .collect();
-    let hosts = if hosts.is_empty() { "localhost".to_string() } else { hosts.join(",") };
+    let hosts = if hosts.is_empty() {
+        "localhost".to_string()
+    } else {
+        hosts.join(",")
+    };
     let user = config.get_user().map(|u| format!("{u}@")).unwrap_or_default();
     let db = config.get_dbname().unwrap_or_default();
     format!("postgres://{user}{hosts}/{db}")
@@ -50,7 +54,12 @@ pub(crate) fn classify(context: &str, url: &str, error: &tokio_postgres::Error) 
         return ConnectorError::fatal(context, format!("PostgreSQL client error talking to {url}: {error}"));
     };
     let code = db.code();
-    let mut message = format!("PostgreSQL at {url} reported {} ({}): {}", code.code(), category(code), db.message());
+    let mut message = format!(
+        "PostgreSQL at {url} reported {} ({}): {}",
+        code.code(),
+        category(code),
+        db.message()
+    );
     if let Some(detail) = db.detail() {
         message.push_str(&format!(" [{detail}]"));
     }
@@ -99,7 +108,13 @@ fn category(code: &SqlState) -> &'static str {
 }
 
 fn is_transient(code: &SqlState) -> bool {
-    if [SqlState::LOCK_NOT_AVAILABLE, SqlState::OBJECT_IN_USE, SqlState::IN_FAILED_SQL_TRANSACTION].contains(code) {
+    if [
+        SqlState::LOCK_NOT_AVAILABLE,
+        SqlState::OBJECT_IN_USE,
+        SqlState::IN_FAILED_SQL_TRANSACTION,
+    ]
+    .contains(code)
+    {
         return true;
     }
     matches!(&code.code()[..2], "08" | "40" | "53" | "57" | "58" | "XX")
@@ -145,8 +160,14 @@ mod tests {
 
     #[test]
     fn urls_are_described_without_password() {
-        assert_eq!(redact_url("postgres://app:s3cret@db.example:6543/shop"), "postgres://app@db.example:6543/shop");
-        assert_eq!(redact_url("host=h1,h2 port=1,2 user=u password=p dbname=d"), "postgres://u@h1:1,h2:2/d");
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db.example:6543/shop"),
+            "postgres://app@db.example:6543/shop"
+        );
+        assert_eq!(
+            redact_url("host=h1,h2 port=1,2 user=u password=p dbname=d"),
+            "postgres://u@h1:1,h2:2/d"
+        );
         assert_eq!(redact_url("postgres:///db"), "postgres://localhost/db");
         assert!(!redact_url("postgres://u:pw@h/db").contains("pw"));
     }

@@ -46,7 +46,8 @@ fn truncate(s: &str, max: usize) -> &str {
 /// The prefix shared by every gid of one sink subtask.
 pub fn gid_prefix(pipeline: &str, table: &str, subtask: usize) -> String {
     let (pipeline_part, table_part) = (escape(pipeline), escape(table));
-    let longest = "exactly:".len() + pipeline_part.len() + 1 + table_part.len() + 1 + MAX_NUMBER_DIGITS + 1 + MAX_NUMBER_DIGITS;
+    let longest =
+        "exactly:".len() + pipeline_part.len() + 1 + table_part.len() + 1 + MAX_NUMBER_DIGITS + 1 + MAX_NUMBER_DIGITS;
     if longest <= MAX_GID_BYTES {
         return format!("exactly:{pipeline_part}:{table_part}:{subtask}:");
     }
@@ -110,7 +111,10 @@ mod tests {
         assert_ne!(prefix, other);
         // Every subtask of the same pair is shortened the same way.
         let p0 = gid_prefix(&pipeline, &table, 0);
-        assert_eq!(p0.trim_end_matches(":0:"), prefix.trim_end_matches(&format!(":{}:", usize::MAX)));
+        assert_eq!(
+            p0.trim_end_matches(":0:"),
+            prefix.trim_end_matches(&format!(":{}:", usize::MAX))
+        );
     }
 
     #[test]

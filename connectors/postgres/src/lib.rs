@@ -35,7 +35,8 @@
 //! text, sent in the binary numeric format (keep exact decimals as JSON
 //! strings: JSON numbers pass through a double); `text` from strings (other
 //! JSON as its JSON text, bytes as UTF-8); `bytea` from raw bytes or text;
-//! `json`/`jsonb` from JSON (raw bytes are parsed); `boolean` from JSON
+//! `json`/`jsonb` from JSON (raw `key`/`value` bytes are checked
+//! and stored as written; pointed-to values are re-serialized, keys sorted); `boolean` from JSON
 //! booleans or `true`/`false`/`t`/`f`/`yes`/`no`/`on`/`off`/`1`/`0`;
 //! `timestamptz` from Unix milliseconds (numbers, the record timestamp) or
 //! RFC 3339 text with an offset. `headers` become a JSON object: UTF-8 values
@@ -57,7 +58,10 @@
 //! ## Server requirements
 //!
 //! PostgreSQL 12 or newer with `max_prepared_transactions > 0` (checked in
-//! `recover`). TLS is not supported yet (the connection uses `NoTls`).
+//! `recover`). TLS is not supported yet (the connection uses `NoTls`;
+//! `sslmode=require` is refused by the configuration check).
+
+#![warn(missing_docs)]
 
 mod config;
 mod convert;

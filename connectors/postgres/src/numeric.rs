@@ -272,7 +272,18 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_a_number() {
-        for bad in ["", "abc", "1.2.3", "--1", "1e", "e5", ".", "1e99999999", "Infinity", "0x10"] {
+        for bad in [
+            "",
+            "abc",
+            "1.2.3",
+            "--1",
+            "1e",
+            "e5",
+            ".",
+            "1e99999999",
+            "Infinity",
+            "0x10",
+        ] {
             assert!(Decimal::parse(bad).is_err(), "{bad:?}");
         }
         assert!(Decimal::parse(".5").is_ok() && Decimal::parse("5.").is_ok());
@@ -300,7 +311,10 @@ mod tests {
         );
         assert_eq!(
             NumericTypmod::from_atttypmod(((4 << 16) | (0x7FF & -2i32)) + 4),
-            Some(NumericTypmod { precision: 4, scale: -2 })
+            Some(NumericTypmod {
+                precision: 4,
+                scale: -2
+            })
         );
     }
 }

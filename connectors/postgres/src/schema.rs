@@ -189,9 +189,11 @@ async fn describe(
 
 /// Describes a table that must exist.
 async fn existing(client: &Client, url: &str, name: &QualifiedName, fix: &str) -> Result<TableInfo, ConnectorError> {
-    let info = describe(client, url, name, name.to_string())
-        .await?
-        .ok_or_else(|| fatal(format!("table {name} does not exist in the database at {url}. Fix: {fix}")))?;
+    let info = describe(client, url, name, name.to_string()).await?.ok_or_else(|| {
+        fatal(format!(
+            "table {name} does not exist in the database at {url}. Fix: {fix}"
+        ))
+    })?;
     if !matches!(info.kind.as_str(), "r" | "p") {
         return Err(fatal(format!(
             "{name} is not a table (relkind {}): the sink writes with COPY, which needs a plain or partitioned \
@@ -222,10 +224,23 @@ fn accepted_types(ty: ColumnType) -> &'static [Type] {
 
 fn config_type_for(oid: Oid) -> Option<&'static str> {
     use ColumnType::*;
-    [SmallInt, Int, BigInt, Real, Double, Numeric, Text, Boolean, Bytea, Json, Jsonb, Timestamptz]
-        .into_iter()
-        .find(|t| accepted_types(*t).iter().any(|a| a.oid() == oid))
-        .map(ColumnType::config_name)
+    [
+        SmallInt,
+        Int,
+        BigInt,
+        Real,
+        Double,
+        Numeric,
+        Text,
+        Boolean,
+        Bytea,
+        Json,
+        Jsonb,
+        Timestamptz,
+    ]
+    .into_iter()
+    .find(|t| accepted_types(*t).iter().any(|a| a.oid() == oid))
+    .map(ColumnType::config_name)
 }
 
 /// The DDL that creates the target table from the configuration.
@@ -248,7 +263,11 @@ fn create_target_sql(settings: &Settings) -> String {
             ident_list(key.iter().map(|i| settings.columns[*i].0.as_str()))
         ));
     }
-    format!("CREATE TABLE IF NOT EXISTS {} ({})", settings.table.sql(), parts.join(", "))
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ({})",
+        settings.table.sql(),
+        parts.join(", ")
+    )
 }
 
 fn create_commit_log_sql(name: &QualifiedName) -> String {
@@ -338,16 +357,17 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
     .await?;
     let columns = check_target(&target, settings)?;
     let upsert = settings.upsert_key.is_some();
-    target.require_privileges(if upsert { &["INSERT", "UPDATE", "SELECT"] } else { &["INSERT"] })?;
+    target.require_privileges(if upsert {
+        &["INSERT", "UPDATE", "SELECT"]
+    } else {
+        &["INSERT"]
+    })?;
     if upsert {
         check_unique_key(client, settings).await?;
     }
 
-    let table_fix = |key: &str| {
-        format!(
-            "drop or rename it so the sink can create it, or set sink.postgres.{key} to another table"
-        )
-    };
+    let table_fix =
+        |key: &str| format!("drop or rename it so the sink can create it, or set sink.postgres.{key} to another table");
     let log = existing(client, url, &settings.commit_log, "").await?;
     log.require_columns(&COMMIT_LOG_COLUMNS, &table_fix("commit_log_table"))?;
     log.require_privileges(&["INSERT", "SELECT", "UPDATE"])?;
@@ -422,7 +442,12 @@ fn check_target(target: &TableInfo, settings: &Settings) -> Result<Vec<ColumnSpe
             return Err(fatal(format!(
                 "column \"{name}\" of sink.postgres.columns does not exist in table {table} (it has: {}). Fix: add it \
                  (ALTER TABLE {table} ADD COLUMN {} {}) or remove it from sink.postgres.columns",
-                target.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                target
+                    .columns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 quote_ident(name),
                 config.column_type.sql_name()
             )));
@@ -545,7 +570,10 @@ mod tests {
 
     fn settings(upsert: bool) -> Settings {
         let mut config = PostgresSinkConfig::new("postgres://u@h/db", "s.t")
-            .column("id", ColumnConfig::new(FieldSource::Pointer("/id".into()), ColumnType::BigInt))
+            .column(
+                "id",
+                ColumnConfig::new(FieldSource::Pointer("/id".into()), ColumnType::BigInt),
+            )
             .column("v", ColumnConfig::new(FieldSource::Value, ColumnType::Text));
         config.columns.0[1].1.required = false;
         if upsert {
@@ -572,7 +600,10 @@ mod tests {
         let sql = merge_sql(&settings(true), &[0]);
         assert!(sql.contains("DISTINCT ON (\"id\")"), "{sql}");
         assert!(sql.contains("ORDER BY \"id\", exactly_seq DESC"), "{sql}");
-        assert!(sql.contains("ON CONFLICT (\"id\") DO UPDATE SET \"v\" = EXCLUDED.\"v\""), "{sql}");
+        assert!(
+            sql.contains("ON CONFLICT (\"id\") DO UPDATE SET \"v\" = EXCLUDED.\"v\""),
+            "{sql}"
+        );
         let only_key = merge_sql(&settings(true), &[0, 1]);
         assert!(only_key.ends_with("DO NOTHING"), "{only_key}");
     }

@@ -149,6 +149,26 @@ impl PostgresSink {
         self.committer.as_ref().expect("connect_committer() ran")
     }
 
+    /// (Re)connects the write connection if needed.
+    async fn connect_writer(&mut self) -> Result<(), ConnectorError> {
+        if self.writer.as_ref().is_none_or(Client::is_closed) {
+            self.writer = Some(Self::connect(&self.settings).await?);
+        }
+        Ok(())
+    }
+
+    /// Rolls back a transaction left open on the write connection (the
+    /// runtime aborts failed transactions, so this is only a safety net).
+    async fn discard_open(&mut self) {
+        if !std::mem::take(&mut self.open) {
+            return;
+        }
+        tracing::warn!("a transaction was still open: rolling it back");
+        if let Some(writer) = &self.writer {
+            let _ = writer.batch_execute("ROLLBACK").await;
+        }
+    }
+
     /// The write connection of the open transaction.
     fn writer(&self) -> Result<&Client, ConnectorError> {
         match &self.writer {
@@ -345,12 +365,7 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// that `pending` does not list and commits the listed ones (oldest
     /// first, as [`commit`](Self::commit) does). Idempotent.
     async fn recover(&mut self, pending: &[PostgresCommittable]) -> Result<(), ConnectorError> {
-        if self.open {
-            if let Some(writer) = &self.writer {
-                let _ = writer.batch_execute("ROLLBACK").await;
-            }
-            self.open = false;
-        }
+        self.discard_open().await;
         self.check_prepared_transactions().await?;
         self.connect_committer().await?;
         let layout = prepare_tables(self.committer(), &self.settings).await?;
@@ -363,7 +378,11 @@ impl TwoPhaseCommitSink for PostgresSink {
             }
             tracing::info!(%gid, "rolling back a prepared transaction the checkpoint does not list");
             self.connect_committer().await?;
-            match self.committer().batch_execute(&format!("ROLLBACK PREPARED {}", quote_literal(&gid))).await {
+            match self
+                .committer()
+                .batch_execute(&format!("ROLLBACK PREPARED {}", quote_literal(&gid)))
+                .await
+            {
                 Err(e) if e.code() != Some(&SqlState::UNDEFINED_OBJECT) => {
                     return Err(self.pg_error("ROLLBACK PREPARED", &e))
                 }
@@ -375,26 +394,15 @@ impl TwoPhaseCommitSink for PostgresSink {
             self.commit(c).await?;
         }
         self.merge_leftovers().await?;
-        if self.writer.as_ref().is_none_or(Client::is_closed) {
-            self.writer = Some(Self::connect(&self.settings).await?);
-        }
-        Ok(())
+        self.connect_writer().await
     }
 
     /// Opens the transaction (`BEGIN`) on the write connection, reconnecting
     /// if it was lost.
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<PostgresTransaction, ConnectorError> {
         self.layout()?;
-        if self.open {
-            tracing::warn!("begin() while a transaction is open: rolling the old one back");
-            if let Some(writer) = &self.writer {
-                let _ = writer.batch_execute("ROLLBACK").await;
-            }
-            self.open = false;
-        }
-        if self.writer.as_ref().is_none_or(Client::is_closed) {
-            self.writer = Some(Self::connect(&self.settings).await?);
-        }
+        self.discard_open().await;
+        self.connect_writer().await?;
         let result = self
             .writer()?
             .batch_execute(&format!("BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
@@ -430,7 +438,9 @@ impl TwoPhaseCommitSink for PostgresSink {
             }
         }
         if !rows.is_empty() {
-            let written = self.copy(&layout.copy_rows, &layout.row_types, &rows, "COPY of rows").await?;
+            let written = self
+                .copy(&layout.copy_rows, &layout.row_types, &rows, "COPY of rows")
+                .await?;
             tracing::debug!(rows = written, checkpoint = %txn.checkpoint, "rows written");
         }
         if !dead.is_empty() {

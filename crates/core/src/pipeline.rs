@@ -7,7 +7,6 @@
 //! one sink subtask in order and every sink subtask has `parallelism` inputs whose
 //! barriers it aligns (exactly-once) or merely counts (at-least-once).
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -356,43 +355,48 @@ impl Pipeline {
         // 4. Wire and start the subtasks.
         let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
         let mut tasks = JoinSet::new();
-        let mut sink_inputs = Vec::with_capacity(p);
+        // One bounded channel per (source, sink) pair, so a sink that holds back
+        // an aligned input back-pressures exactly that source.
+        let mut source_outputs: Vec<Vec<mpsc::Sender<Msg>>> = (0..p).map(|_| Vec::with_capacity(p)).collect();
         let mut sink_controls = Vec::with_capacity(p);
         for (i, sink) in sinks.into_iter().enumerate() {
-            let (in_tx, in_rx) = mpsc::channel(self.config.channel_capacity);
+            let mut inputs = Vec::with_capacity(p);
+            for outputs in &mut source_outputs {
+                let (tx, rx) = mpsc::channel(self.config.channel_capacity);
+                outputs.push(tx);
+                inputs.push(rx);
+            }
             let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
-            sink_inputs.push(in_tx);
             sink_controls.push(ctl_tx);
             let task = SinkTask {
                 index: i,
                 sink,
                 guarantee: self.config.guarantee,
-                inputs: p,
                 ledger: CommitLedger::new(),
                 barrier_seen: vec![restored_id.unwrap_or_default(); p],
                 blocked: vec![false; p],
-                buffered: (0..p).map(|_| VecDeque::new()).collect(),
+                closed: vec![false; p],
+                next_input: 0,
                 last_snapshot: restored_id.unwrap_or_default(),
                 reports: report_tx.clone(),
                 metrics: self.metrics.clone(),
             };
-            tasks.spawn(task.run(in_rx, ctl_rx).instrument(info_span!("sink", subtask = i)));
+            tasks.spawn(task.run(inputs, ctl_rx).instrument(info_span!("sink", subtask = i)));
         }
         let mut source_controls = Vec::with_capacity(p);
-        for (i, source) in sources.into_iter().enumerate() {
+        for ((i, source), outputs) in sources.into_iter().enumerate().zip(source_outputs) {
             let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
             source_controls.push(ctl_tx);
             let task = SourceTask {
                 index: i,
                 source,
-                outputs: sink_inputs.clone(),
+                outputs,
                 batch_size: self.config.batch_size,
                 reports: report_tx.clone(),
                 metrics: self.metrics.clone(),
             };
             tasks.spawn(task.run(ctl_rx).instrument(info_span!("source", subtask = i)));
         }
-        drop(sink_inputs);
 
         // 5. Coordinate.
         let started = Instant::now();
@@ -541,9 +545,9 @@ impl Pipeline {
     }
 }
 
-async fn send(output: &mpsc::Sender<(usize, Msg)>, from: usize, msg: Msg) -> Result<(), ConnectorError> {
+async fn send(output: &mpsc::Sender<Msg>, msg: Msg) -> Result<(), ConnectorError> {
     output
-        .send((from, msg))
+        .send(msg)
         .await
         .map_err(|_| ConnectorError::transient("source", "a sink subtask stopped"))
 }
@@ -551,7 +555,8 @@ async fn send(output: &mpsc::Sender<(usize, Msg)>, from: usize, msg: Msg) -> Res
 struct SourceTask {
     index: usize,
     source: Box<dyn Source>,
-    outputs: Vec<mpsc::Sender<(usize, Msg)>>,
+    /// One channel per sink subtask.
+    outputs: Vec<mpsc::Sender<Msg>>,
     batch_size: usize,
     reports: mpsc::UnboundedSender<Report>,
     metrics: Arc<Metrics>,
@@ -573,7 +578,7 @@ impl SourceTask {
         }
         for (i, batch) in per_sink.into_iter().enumerate() {
             if !batch.is_empty() {
-                send(&self.outputs[i], self.index, Msg::Records(batch)).await?;
+                send(&self.outputs[i], Msg::Records(batch)).await?;
             }
         }
         Ok(())
@@ -598,9 +603,9 @@ impl SourceTask {
             if let Some(command) = command {
                 match command {
                     SourceCommand::Barrier(id) => {
-                        let position: SplitPositions = self.source.position();
+                        let position: SplitPositions = self.source.position(id);
                         for output in &self.outputs {
-                            send(output, self.index, Msg::Barrier(id)).await?;
+                            send(output, Msg::Barrier(id)).await?;
                         }
                         debug!(checkpoint = %id, "barrier emitted");
                         let state = TaskState::Source(position);
@@ -637,24 +642,22 @@ struct SinkTask {
     index: usize,
     sink: Box<dyn ErasedSink>,
     guarantee: Guarantee,
-    inputs: usize,
     ledger: CommitLedger,
     /// Highest barrier id seen per input.
     barrier_seen: Vec<CheckpointId>,
     /// Inputs held back during alignment (exactly-once only).
     blocked: Vec<bool>,
-    buffered: Vec<VecDeque<Msg>>,
+    /// Inputs whose source has gone.
+    closed: Vec<bool>,
+    /// Where the next scan over the inputs starts (fairness).
+    next_input: usize,
     last_snapshot: CheckpointId,
     reports: mpsc::UnboundedSender<Report>,
     metrics: Arc<Metrics>,
 }
 
 impl SinkTask {
-    async fn run(
-        mut self,
-        mut input: mpsc::Receiver<(usize, Msg)>,
-        mut control: mpsc::UnboundedReceiver<(CheckpointId, Instant)>,
-    ) {
+    async fn run(mut self, mut inputs: Vec<mpsc::Receiver<Msg>>, mut control: mpsc::UnboundedReceiver<(CheckpointId, Instant)>) {
         let result = async {
             loop {
                 tokio::select! {
@@ -663,9 +666,9 @@ impl SinkTask {
                         Some((id, at)) => self.commit_up_to(id, at).await?,
                         None => return Ok(()),
                     },
-                    m = input.recv() => match m {
-                        Some((from, msg)) => self.on_message(from, msg).await?,
-                        None => return Ok(()),
+                    m = self.next_message(&mut inputs) => match m {
+                        Some((from, msg)) => self.process(from, msg).await?,
+                        None => std::future::pending::<()>().await,
                     },
                 }
             }
@@ -677,6 +680,37 @@ impl SinkTask {
             }
             let _ = self.reports.send(Report::Failed(TaskId::Sink(self.index), e));
         }
+    }
+
+    /// The next message from an input that is not held back by alignment (held
+    /// inputs are not read, so their sources feel back-pressure), or `None`
+    /// once every source has gone.
+    fn next_message<'a>(
+        &'a mut self,
+        inputs: &'a mut [mpsc::Receiver<Msg>],
+    ) -> impl Future<Output = Option<(usize, Msg)>> + 'a {
+        std::future::poll_fn(move |cx| {
+            let n = inputs.len();
+            for k in 0..n {
+                let i = (self.next_input + k) % n;
+                if self.blocked[i] || self.closed[i] {
+                    continue;
+                }
+                match inputs[i].poll_recv(cx) {
+                    std::task::Poll::Ready(Some(msg)) => {
+                        self.next_input = (i + 1) % n;
+                        return std::task::Poll::Ready(Some((i, msg)));
+                    }
+                    std::task::Poll::Ready(None) => self.closed[i] = true,
+                    std::task::Poll::Pending => {}
+                }
+            }
+            if self.closed.iter().all(|c| *c) {
+                std::task::Poll::Ready(None)
+            } else {
+                std::task::Poll::Pending
+            }
+        })
     }
 
     async fn commit_up_to(&mut self, id: CheckpointId, completed_at: Instant) -> Result<(), ConnectorError> {
@@ -694,24 +728,6 @@ impl SinkTask {
         }
         let _ = self.reports.send(Report::Committed(self.index, id));
         Ok(())
-    }
-
-    async fn on_message(&mut self, from: usize, msg: Msg) -> Result<(), ConnectorError> {
-        self.buffered[from].push_back(msg);
-        // Process every input that is not blocked until nothing moves.
-        loop {
-            let mut progressed = false;
-            for i in 0..self.inputs {
-                while !self.blocked[i] {
-                    let Some(msg) = self.buffered[i].pop_front() else { break };
-                    progressed = true;
-                    self.process(i, msg).await?;
-                }
-            }
-            if !progressed {
-                return Ok(());
-            }
-        }
     }
 
     async fn process(&mut self, from: usize, msg: Msg) -> Result<(), ConnectorError> {

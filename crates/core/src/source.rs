@@ -41,8 +41,10 @@ pub trait Source: Send + 'static {
     async fn poll(&mut self, max_records: usize) -> Result<Poll, ConnectorError>;
 
     /// The position after the last record returned by `poll`, for every split this
-    /// subtask owns. Called when a barrier is injected; must not block.
-    fn position(&self) -> SplitPositions;
+    /// subtask owns, as of barrier `checkpoint`. Called when that barrier is
+    /// injected; must not block. A source that publishes progress on completion
+    /// can remember the positions by id.
+    fn position(&mut self, checkpoint: CheckpointId) -> SplitPositions;
 
     /// Checkpoint `checkpoint` is durable. A source may publish progress (e.g.
     /// commit consumer-group offsets for lag tools) but must never read it back as
@@ -162,7 +164,7 @@ impl Source for SequenceSource {
         Ok(Poll::Records(records))
     }
 
-    fn position(&self) -> SplitPositions {
+    fn position(&mut self, _checkpoint: CheckpointId) -> SplitPositions {
         let mut p = SplitPositions::default();
         for (split, next) in &self.next {
             p.set(split_name(*split), *next);
@@ -197,7 +199,7 @@ mod tests {
             Poll::Records(r) => r,
             Poll::Finished => panic!("finished early"),
         };
-        let pos = a.position();
+        let pos = a.position(CheckpointId(1));
         let rest = drain(a.as_mut()).await;
         // subtask 0 of 2 owns splits 0 and 2
         assert_eq!(first.len() + rest.len(), 40);

@@ -1,0 +1,79 @@
+//! Tests that stop, restart and reconfigure their own PostgreSQL server.
+//! Skipped when `EXACTLY_DATABASE_URL` points at an external server, which
+//! the testkit cannot restart.
+
+mod common;
+
+use common::*;
+use exactly_core::{ConnectorError, TwoPhaseCommitSink};
+use exactly_testkit::PostgresServer;
+
+#[tokio::test]
+async fn prepared_transactions_survive_an_outage_and_max_prepared_transactions_zero_is_named() {
+    let mut pg = PostgresServer::start().expect("start PostgreSQL");
+    if pg.is_external() {
+        eprintln!("skipped: EXACTLY_DATABASE_URL is set and the testkit cannot restart an external server");
+        return;
+    }
+    let url = pg.url().to_string();
+    let table = unique("people");
+    let config = config(
+        &url,
+        &table,
+        "create_table = true\n[sink.postgres.columns]\nid = { from = \"/id\", type = \"bigint\" }\n",
+    );
+    let (mut sink, _) = new_sink(&config, "outage", 0);
+    sink.recover(&[]).await.unwrap();
+    let c = prepare(
+        &mut sink,
+        1,
+        &[vec![record(0, 0, r#"{"id":1}"#), record(0, 1, r#"{"id":2}"#)]],
+    )
+    .await;
+
+    // The server goes away between pre-commit and commit: a transient error
+    // that names the server.
+    pg.stop().unwrap();
+    let message = transient_message(sink.commit(&c).await);
+    assert!(message.contains(&url), "{message}");
+
+    // It comes back: the prepared transaction survived and the same sink
+    // reconnects and commits it.
+    pg.restart().unwrap();
+    sink.commit(&c).await.unwrap();
+    let db = client(&url).await;
+    assert_eq!(count(&db, &table).await, 2);
+    // And writes again on a new connection.
+    let next = prepare(&mut sink, 2, &[vec![record(0, 2, r#"{"id":3}"#)]]).await;
+    sink.commit(&next).await.unwrap();
+    assert_eq!(count(&db, &table).await, 3);
+    drop((db, sink));
+
+    // A server without prepared transactions is refused with the fix.
+    let set = |n: u32| format!("ALTER SYSTEM SET max_prepared_transactions = {n}");
+    // The testkit's restart is a crash: a CHECKPOINT first, or the redo of
+    // the PREPARE records above would need prepared-transaction slots.
+    let admin = client(&url).await;
+    admin.batch_execute("CHECKPOINT").await.unwrap();
+    admin.batch_execute(&set(0)).await.unwrap();
+    drop(admin);
+    pg.restart().unwrap();
+    let (mut refused, _) = new_sink(&config, "outage", 0);
+    match refused.recover(&[]).await {
+        Err(ConnectorError::Fatal { message, .. }) => {
+            for part in [
+                "max_prepared_transactions = 0",
+                "max_prepared_transactions = 64 in postgresql.conf",
+                "ALTER SYSTEM SET max_prepared_transactions = 64",
+                "restart the server",
+            ] {
+                assert!(message.contains(part), "{message:?} should contain {part:?}");
+            }
+        }
+        other => panic!("expected a fatal error, got {other:?}"),
+    }
+    client(&url).await.batch_execute(&set(64)).await.unwrap();
+    pg.restart().unwrap();
+    let (mut accepted, _) = new_sink(&config, "outage", 0);
+    accepted.recover(&[]).await.unwrap();
+}

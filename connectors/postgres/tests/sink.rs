@@ -1,0 +1,649 @@
+//! The PostgreSQL sink against a real PostgreSQL (exactly-testkit, or
+//! `EXACTLY_DATABASE_URL`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use exactly_core::{CheckpointId, ConnectorError, Record, SinkFactory, TwoPhaseCommitSink};
+use exactly_postgres::{PostgresCommittable, PostgresSinkFactory};
+use serde_json::json;
+
+const ID_NAME: &str = r#"
+create_table = true
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+name = { from = "/name", type = "text" }
+"#;
+
+fn people(partition: i32, from: i64, n: i64) -> Vec<Record> {
+    (from..from + n)
+        .map(|i| record(partition, i, &format!(r#"{{"id":{i},"name":"n{i}"}}"#)))
+        .collect()
+}
+
+#[tokio::test]
+async fn rows_are_invisible_until_commit_and_commit_is_idempotent() {
+    let f = Fixture::new("people", ID_NAME).await;
+    let (db, table, pipeline) = (&f.db, &f.table, &f.pipeline);
+    let (mut sink, _) = f.recovered(0, &[]).await;
+
+    let mut txn = sink.begin(CheckpointId(1)).await.unwrap();
+    sink.write(&mut txn, &people(0, 0, 2)).await.unwrap();
+    sink.write(&mut txn, &people(0, 2, 1)).await.unwrap();
+    assert_eq!(f.count().await, 0, "open transaction is invisible");
+    let c = sink.pre_commit(txn).await.unwrap();
+    assert_eq!(c.gid, format!("exactly:{pipeline}:{table}:0:1"));
+    assert_eq!((c.checkpoint, c.subtask), (CheckpointId(1), 0));
+    assert_eq!(f.count().await, 0, "prepared transaction is invisible");
+    assert_eq!(prepared(db, sink.gid_prefix()).await, vec![c.gid.clone()]);
+
+    sink.commit(&c).await.unwrap();
+    assert_eq!(f.count().await, 3);
+    sink.commit(&c).await.unwrap();
+    assert_eq!(f.count().await, 3, "a second commit changes nothing");
+    assert!(prepared(db, sink.gid_prefix()).await.is_empty());
+
+    let marker = db
+        .query_one(
+            "SELECT pipeline, sink_table, subtask, checkpoint, prepared_at <= now() FROM exactly_commit_log \
+             WHERE gid = $1",
+            &[&c.gid],
+        )
+        .await
+        .unwrap();
+    assert_eq!(marker.get::<_, String>(0), *pipeline);
+    assert_eq!(marker.get::<_, String>(1), *table);
+    assert_eq!(marker.get::<_, i32>(2), 0);
+    assert_eq!(marker.get::<_, i64>(3), 1);
+    assert!(marker.get::<_, bool>(4));
+}
+
+#[tokio::test]
+async fn aborted_transactions_leave_nothing() {
+    let f = Fixture::new("people", ID_NAME).await;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let mut txn = sink.begin(CheckpointId(1)).await.unwrap();
+    sink.write(&mut txn, &people(0, 0, 5)).await.unwrap();
+    sink.abort(txn).await.unwrap();
+    let c = prepare(&mut sink, 2, &[people(0, 5, 1)]).await;
+    sink.commit(&c).await.unwrap();
+    let ids: Vec<i64> = column(&f.db, &format!("SELECT id FROM \"{}\"", f.table)).await;
+    assert_eq!(ids, [5]);
+}
+
+#[tokio::test]
+async fn a_new_sink_commits_the_listed_transaction_in_recover() {
+    let f = Fixture::new("people", ID_NAME).await;
+    let (mut first, _) = f.recovered(0, &[]).await;
+    let c = prepare(&mut first, 1, &[people(0, 0, 4)]).await;
+    drop(first); // the process "crashes" after pre_commit
+    assert_eq!(f.count().await, 0);
+
+    let (mut second, _) = f.recovered(0, std::slice::from_ref(&c)).await;
+    assert_eq!(f.count().await, 4);
+    second.recover(std::slice::from_ref(&c)).await.unwrap();
+    assert_eq!(f.count().await, 4, "recovery is idempotent");
+    assert!(prepared(&f.db, second.gid_prefix()).await.is_empty());
+
+    let next = prepare(&mut second, 2, &[people(0, 4, 1)]).await;
+    second.commit(&next).await.unwrap();
+    assert_eq!(f.count().await, 5);
+}
+
+#[tokio::test]
+async fn recover_rolls_back_unlisted_prepared_transactions_of_its_own_subtask_only() {
+    let f = Fixture::new("people", ID_NAME).await;
+    let db = &f.db;
+    let (mut s0, _) = f.recovered(0, &[]).await;
+    let (mut s1, _) = f.recovered(1, &[]).await;
+    let listed = prepare(&mut s0, 1, &[people(0, 0, 2)]).await;
+    let orphan = prepare(&mut s0, 2, &[people(0, 2, 3)]).await;
+    let other = prepare(&mut s1, 2, &[people(1, 0, 7)]).await;
+    let (prefix0, prefix1) = (s0.gid_prefix().to_string(), s1.gid_prefix().to_string());
+    assert_eq!(prepared(db, &prefix0).await, [listed.gid.clone(), orphan.gid.clone()]);
+    drop((s0, s1));
+
+    f.recovered(0, std::slice::from_ref(&listed)).await;
+    assert_eq!(f.count().await, 2, "only the listed transaction is committed");
+    assert!(prepared(db, &prefix0).await.is_empty(), "the orphan is rolled back");
+    assert_eq!(
+        prepared(db, &prefix1).await,
+        vec![other.gid],
+        "subtask 1's is not touched"
+    );
+
+    f.recovered(1, &[]).await;
+    assert!(prepared(db, &prefix1).await.is_empty());
+    assert_eq!(f.count().await, 2);
+}
+
+#[tokio::test]
+async fn a_vanished_gid_is_success_with_its_marker_and_data_loss_without() {
+    let f = Fixture::new("people", ID_NAME).await;
+    let db = &f.db;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+
+    // Committed behind the sink's back: the marker proves it.
+    let committed = prepare(&mut sink, 7, &[people(0, 0, 1)]).await;
+    db.batch_execute(&format!("COMMIT PREPARED '{}'", committed.gid))
+        .await
+        .unwrap();
+    sink.commit(&committed).await.unwrap();
+    assert_eq!(f.count().await, 1);
+
+    // Rolled back behind the sink's back: nothing proves it was written.
+    let lost = prepare(&mut sink, 8, &[people(0, 1, 1)]).await;
+    db.batch_execute(&format!("ROLLBACK PREPARED '{}'", lost.gid))
+        .await
+        .unwrap();
+    for result in [
+        sink.commit(&lost).await,
+        sink.recover(std::slice::from_ref(&lost)).await,
+    ] {
+        match result {
+            Err(ConnectorError::DataLoss {
+                checkpoint, message, ..
+            }) => {
+                assert_eq!(checkpoint, CheckpointId(8));
+                assert!(message.contains(&lost.gid), "{message}");
+                assert!(message.contains("checkpoint 8"), "{message}");
+            }
+            other => panic!("expected DataLoss, got {other:?}"),
+        }
+    }
+    let never = PostgresCommittable {
+        gid: format!("{}99", sink.gid_prefix()),
+        checkpoint: CheckpointId(99),
+        subtask: 0,
+    };
+    assert!(matches!(
+        sink.commit(&never).await,
+        Err(ConnectorError::DataLoss { .. })
+    ));
+    assert_eq!(f.count().await, 1);
+}
+
+const UPSERT: &str = r#"
+create_table = true
+upsert_key = ["id"]
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+v = { from = "/v", type = "text" }
+"#;
+
+fn kv(offset: i64, id: i64, v: &str) -> Record {
+    record(0, offset, &format!(r#"{{"id":{id},"v":"{v}"}}"#))
+}
+
+fn expect_pairs(expected: &[(i64, &str)]) -> Vec<(i64, String)> {
+    expected.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+#[tokio::test]
+async fn upsert_mode_keeps_the_last_value_per_key_and_never_blocks_on_a_prepared_transaction() {
+    let f = Fixture::new("kv", UPSERT).await;
+    let (db, table) = (&f.db, &f.table);
+    let staging = format!("{table}_exactly_staging");
+    let (mut sink, _) = f.recovered(0, &[]).await;
+
+    // Repeated keys inside one batch and across batches of a transaction.
+    let c1 = prepare(
+        &mut sink,
+        1,
+        &[vec![kv(0, 1, "a"), kv(1, 2, "b"), kv(2, 1, "c")], vec![kv(3, 2, "d")]],
+    )
+    .await;
+    assert!(pairs(db, table).await.is_empty(), "nothing visible before commit");
+    // The next interval upserts key 1 again while checkpoint 1 is still
+    // prepared: it must not wait for checkpoint 1's commit.
+    let c2 = tokio::time::timeout(Duration::from_secs(20), prepare(&mut sink, 2, &[vec![kv(4, 1, "e")]]))
+        .await
+        .expect("writing a key held by a prepared transaction must not block");
+    sink.commit(&c1).await.unwrap();
+    assert_eq!(pairs(db, table).await, expect_pairs(&[(1, "c"), (2, "d")]));
+    sink.commit(&c2).await.unwrap();
+    assert_eq!(pairs(db, table).await, expect_pairs(&[(1, "e"), (2, "d")]));
+    sink.commit(&c1).await.unwrap();
+    assert_eq!(
+        pairs(db, table).await,
+        expect_pairs(&[(1, "e"), (2, "d")]),
+        "re-committing an old checkpoint does not re-apply it"
+    );
+    assert_eq!(count(db, &staging).await, 0, "staged rows are moved, not copied");
+
+    // A crash between COMMIT PREPARED and the merge: recovery finishes it,
+    // whether the checkpoint lists the transaction or not.
+    let c3 = prepare(&mut sink, 3, &[vec![kv(5, 2, "f")]]).await;
+    let c4 = prepare(&mut sink, 4, &[vec![kv(6, 3, "g")]]).await;
+    for c in [&c3, &c4] {
+        db.batch_execute(&format!("COMMIT PREPARED '{}'", c.gid)).await.unwrap();
+    }
+    drop(sink);
+    assert_eq!(pairs(db, table).await, expect_pairs(&[(1, "e"), (2, "d")]));
+    let (restarted, _) = f.recovered(0, std::slice::from_ref(&c3)).await;
+    assert_eq!(pairs(db, table).await, expect_pairs(&[(1, "e"), (2, "f"), (3, "g")]));
+    assert_eq!(count(db, &staging).await, 0);
+    assert!(prepared(db, restarted.gid_prefix()).await.is_empty());
+}
+
+#[tokio::test]
+async fn columns_map_record_fields_json_pointers_headers_and_timestamps() {
+    let f = Fixture::new(
+        "mapped",
+        r#"
+create_table = true
+[sink.postgres.columns]
+topic = { from = "topic", type = "text" }
+part = { from = "partition", type = "int" }
+off = { from = "offset", type = "bigint" }
+k = { from = "key", type = "bytea" }
+ts = { from = "timestamp", type = "timestamptz" }
+hdrs = { from = "headers", type = "jsonb" }
+raw = { from = "value", type = "bytea" }
+doc = { from = "value", type = "json" }
+id = { from = "/id", type = "bigint" }
+customer = { from = "/customer/name", type = "text" }
+amount = { from = "/amount", type = "numeric" }
+paid = { from = "/paid", type = "boolean" }
+score = { from = "/score", type = "double" }
+ratio = { from = "/ratio", type = "real" }
+small = { from = "/small", type = "smallint" }
+created = { from = "/created", type = "timestamptz" }
+tags = { from = "/tags", type = "jsonb" }
+note = { from = "/note", type = "text", required = false }
+"#,
+    )
+    .await;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let value = r#"{"id":7,"customer":{"name":"Ada"},"amount":"12345.6789","paid":true,"score":0.5,"ratio":1.5,
+        "small":-3,"created":"2024-05-01T12:30:00+02:00","tags":["a",{"b":1}]}"#;
+    let mut first = record(3, 42, value).with_key("k1");
+    first.timestamp_ms = Some(1_700_000_000_123);
+    first.headers = vec![("trace".into(), b"abc".to_vec()), ("bin".into(), vec![0, 255])];
+    let c = prepare(&mut sink, 1, &[vec![first]]).await;
+    sink.commit(&c).await.unwrap();
+
+    let row =
+        f.db.query_one(
+            &format!(
+                "SELECT topic, part, off, k, (extract(epoch FROM ts) * 1000)::bigint, hdrs, raw, doc::text, id, \
+                 customer, amount::text, paid, score, ratio, small, created = '2024-05-01T10:30:00Z'::timestamptz, \
+                 tags, note IS NULL FROM \"{}\"",
+                f.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "orders");
+    assert_eq!(row.get::<_, i32>(1), 3);
+    assert_eq!(row.get::<_, i64>(2), 42);
+    assert_eq!(row.get::<_, Vec<u8>>(3), b"k1");
+    assert_eq!(row.get::<_, i64>(4), 1_700_000_000_123);
+    assert_eq!(
+        row.get::<_, serde_json::Value>(5),
+        json!({"trace": "abc", "bin": "\\x00ff"})
+    );
+    assert_eq!(row.get::<_, Vec<u8>>(6), value.as_bytes());
+    assert_eq!(row.get::<_, String>(7), value, "json keeps the text as is");
+    assert_eq!(row.get::<_, i64>(8), 7);
+    assert_eq!(row.get::<_, String>(9), "Ada");
+    assert_eq!(row.get::<_, String>(10), "12345.6789");
+    assert!(row.get::<_, bool>(11));
+    assert_eq!(row.get::<_, f64>(12), 0.5);
+    assert_eq!(row.get::<_, f32>(13), 1.5);
+    assert_eq!(row.get::<_, i16>(14), -3);
+    assert!(row.get::<_, bool>(15), "the offset +02:00 is honoured");
+    assert_eq!(row.get::<_, serde_json::Value>(16), json!(["a", {"b": 1}]));
+    assert!(row.get::<_, bool>(17), "a missing optional field is NULL");
+}
+
+#[tokio::test]
+async fn numerics_reach_the_server_exactly() {
+    let f = Fixture::new(
+        "numbers",
+        r#"
+create_table = true
+[sink.postgres.columns]
+id = { from = "offset", type = "bigint" }
+n = { from = "/n", type = "numeric" }
+"#,
+    )
+    .await;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let cases = [
+        (r#""12345.6789""#, "12345.6789"),
+        (r#""-0.5""#, "-0.5"),
+        (r#""0""#, "0"),
+        (r#""0.00001""#, "0.00001"),
+        (r#""-0.000""#, "0.000"),
+        (
+            r#""123456789012345678901234567890.123456789""#,
+            "123456789012345678901234567890.123456789",
+        ),
+        (r#""1e3""#, "1000"),
+        (r#""1.50""#, "1.50"),
+        (r#""NaN""#, "NaN"),
+        ("12.25", "12.25"),
+        ("-7", "-7"),
+        (r#""100000000""#, "100000000"),
+    ];
+    let records: Vec<Record> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (n, _))| record(0, i as i64, &format!(r#"{{"n":{n}}}"#)))
+        .collect();
+    let c = prepare(&mut sink, 1, &[records]).await;
+    sink.commit(&c).await.unwrap();
+    let stored: Vec<String> = column(&f.db, &format!("SELECT n::text FROM \"{}\" ORDER BY id", f.table)).await;
+    let expected: Vec<&str> = cases.iter().map(|(_, e)| *e).collect();
+    assert_eq!(stored, expected);
+}
+
+#[tokio::test]
+async fn bad_records_go_to_the_dead_letter_table_and_are_counted() {
+    let f = Fixture::new(
+        "orders",
+        r#"
+create_table = true
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+qty = { from = "/qty", type = "int" }
+name = { from = "/name", type = "text" }
+"#,
+    )
+    .await;
+    let (db, table, pipeline) = (&f.db, &f.table, &f.pipeline);
+    let (mut sink, metrics) = f.recovered(0, &[]).await;
+    let bad_values = [
+        (r#"not json{"#, "not valid JSON"),
+        (r#"{"id":2,"qty":1}"#, "no such value"),
+        (r#"{"id":"abc","qty":1,"name":"x"}"#, "\"abc\" is not an integer"),
+        (r#"{"id":4,"qty":3000000000,"name":"y"}"#, "out of range for int"),
+    ];
+    let mut batch = vec![record(2, 10, r#"{"id":1,"qty":2,"name":"a"}"#)];
+    for (i, (value, _)) in bad_values.iter().enumerate() {
+        batch.push(record(2, 11 + i as i64, value).with_key(format!("key{i}")));
+    }
+    batch.push(record(2, 15, r#"{"id":5,"qty":1,"name":"e"}"#));
+    let c = prepare(&mut sink, 1, &[batch]).await;
+    let dead_letters = format!("{table}_dead_letters");
+    assert_eq!(
+        count(db, &dead_letters).await,
+        0,
+        "dead letters are part of the transaction"
+    );
+    sink.commit(&c).await.unwrap();
+
+    let ids: Vec<i64> = column(db, &format!("SELECT id FROM \"{table}\" ORDER BY id")).await;
+    assert_eq!(ids, [1, 5]);
+    let rows = db
+        .query(
+            &format!(
+                "SELECT pipeline, sink_table, split, topic, \"partition\", \"offset\", \"key\", \"value\", error, \
+                 checkpoint, dead_lettered_at <= now() FROM \"{dead_letters}\" ORDER BY \"offset\""
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), bad_values.len());
+    for (i, (row, (value, reason))) in rows.iter().zip(bad_values).enumerate() {
+        assert_eq!(row.get::<_, String>(0), *pipeline);
+        assert_eq!(row.get::<_, String>(1), *table);
+        assert_eq!(row.get::<_, String>(2), "orders-2");
+        assert_eq!(row.get::<_, String>(3), "orders");
+        assert_eq!(row.get::<_, i32>(4), 2);
+        assert_eq!(row.get::<_, i64>(5), 11 + i as i64);
+        assert_eq!(row.get::<_, Vec<u8>>(6), format!("key{i}").into_bytes());
+        assert_eq!(row.get::<_, Vec<u8>>(7), value.as_bytes(), "raw bytes are kept");
+        let error: String = row.get(8);
+        assert!(error.contains(reason), "{error:?} should mention {reason:?}");
+        assert_eq!(row.get::<_, i64>(9), 1);
+        assert!(row.get::<_, bool>(10));
+    }
+    assert_eq!(metrics.snapshot().dead_letters, 4);
+}
+
+#[tokio::test]
+async fn values_that_break_column_limits_are_dead_letters_not_copy_failures() {
+    let f = Fixture::new(
+        "limits",
+        r#"
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+price = { from = "/price", type = "numeric", required = false }
+code = { from = "/code", type = "text", required = false }
+"#,
+    )
+    .await;
+    let (db, table) = (&f.db, &f.table);
+    db.batch_execute(&format!(
+        "CREATE TABLE \"{table}\" (id bigint PRIMARY KEY, price numeric(6,2) NOT NULL, code varchar(5), \
+         created_at timestamptz NOT NULL DEFAULT now())"
+    ))
+    .await
+    .unwrap();
+    let (mut sink, metrics) = f.recovered(0, &[]).await;
+    let batch = vec![
+        record(0, 0, r#"{"id":1,"price":"1234.567","code":"abc"}"#),
+        record(0, 1, r#"{"id":2,"price":"12345.6","code":"x"}"#),
+        record(0, 2, r#"{"id":3,"price":1,"code":"toolong"}"#),
+        record(0, 3, r#"{"id":4,"code":"x"}"#),
+        record(0, 4, r#"{"id":5,"price":0.5}"#),
+    ];
+    let c = prepare(&mut sink, 1, &[batch]).await;
+    sink.commit(&c).await.unwrap();
+    let rows: Vec<(i64, String, Option<String>)> = db
+        .query(
+            &format!("SELECT id, price::text, code FROM \"{table}\" ORDER BY id"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (1, "1234.57".to_string(), Some("abc".to_string())),
+            (5, "0.50".to_string(), None)
+        ]
+    );
+    let errors: Vec<String> = column(
+        db,
+        &format!("SELECT error FROM \"{table}_dead_letters\" ORDER BY \"offset\""),
+    )
+    .await;
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(errors[0].contains("numeric(6, 2)"), "{}", errors[0]);
+    assert!(errors[1].contains("limit of 5"), "{}", errors[1]);
+    assert!(errors[2].contains("NOT NULL"), "{}", errors[2]);
+    assert_eq!(metrics.snapshot().dead_letters, 3);
+}
+
+#[tokio::test]
+async fn table_problems_are_fatal_errors_that_name_the_fix() {
+    let pg = shared_server();
+    let db = client(pg.url()).await;
+    let pipeline = unique("pipe");
+    let recover = |config: exactly_postgres::PostgresSinkConfig| {
+        let pipeline = pipeline.clone();
+        async move {
+            let (mut sink, _) = new_sink(&config, &pipeline, 0);
+            sink.recover(&[]).await
+        }
+    };
+    let columns = "[sink.postgres.columns]\nid = { from = \"/id\", type = \"bigint\" }\n";
+
+    let missing = unique("missing");
+    let message = fatal_message(recover(config(pg.url(), &missing, columns)).await);
+    assert!(
+        message.contains(&missing) && message.contains("create_table = true"),
+        "{message}"
+    );
+
+    let table = unique("typed");
+    db.batch_execute(&format!("CREATE TABLE \"{table}\" (id integer, other text NOT NULL)"))
+        .await
+        .unwrap();
+    let message = fatal_message(recover(config(pg.url(), &table, columns)).await);
+    assert!(
+        message.contains("\"id\"") && message.contains("integer") && message.contains("type = \"int\""),
+        "{message}"
+    );
+
+    let int_columns = columns.replace("bigint", "int");
+    let message = fatal_message(recover(config(pg.url(), &table, &int_columns)).await);
+    assert!(message.contains("other") && message.contains("NOT NULL"), "{message}");
+
+    let extra = format!(
+        "{int_columns}other = {{ from = \"/o\", type = \"text\" }}\nnope = {{ from = \"/n\", type = \"text\" }}\n"
+    );
+    let message = fatal_message(recover(config(pg.url(), &table, &extra)).await);
+    assert!(
+        message.contains("\"nope\"") && message.contains("ADD COLUMN"),
+        "{message}"
+    );
+
+    let upsert = format!("upsert_key = [\"id\"]\n{int_columns}other = {{ from = \"/o\", type = \"text\" }}\n");
+    let message = fatal_message(recover(config(pg.url(), &table, &upsert)).await);
+    assert!(
+        message.contains("unique index") && message.contains("PRIMARY KEY"),
+        "{message}"
+    );
+
+    let other_db = pg
+        .url()
+        .rsplit_once('/')
+        .map(|(base, _)| format!("{base}/{}", unique("nodb")))
+        .unwrap();
+    let message = fatal_message(recover(config(&other_db, &table, columns)).await);
+    assert!(
+        message.contains("3D000") && message.contains("CREATE DATABASE"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_transient_error_naming_it() {
+    let port = exactly_testkit::free_port().unwrap();
+    let url = format!("postgres://app:hunter2@127.0.0.1:{port}/shop");
+    let config = config(
+        &url,
+        "orders",
+        "[sink.postgres.columns]\nid = { from = \"/id\", type = \"bigint\" }\n",
+    );
+    let (mut sink, _) = new_sink(&config, "pipe", 0);
+    let message = transient_message(sink.recover(&[]).await);
+    assert!(
+        message.contains(&format!("postgres://app@127.0.0.1:{port}/shop")),
+        "{message}"
+    );
+    assert!(
+        message.contains("cannot connect") && message.contains("running"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "the password must not leak: {message}");
+    let c = PostgresCommittable {
+        gid: "exactly:pipe:orders:0:1".into(),
+        checkpoint: CheckpointId(1),
+        subtask: 0,
+    };
+    assert!(matches!(sink.commit(&c).await, Err(ConnectorError::Transient { .. })));
+}
+
+#[tokio::test]
+async fn the_factory_builds_erased_sinks_whose_committables_round_trip() {
+    let f = Fixture::new("people", ID_NAME).await;
+    let (table, pipeline) = (&f.table, &f.pipeline);
+    let factory = PostgresSinkFactory::new(f.config.clone()).unwrap();
+    assert_eq!(
+        factory.identity(),
+        format!(
+            "postgres:table={table},columns=[id=/id:bigint;name=/name:text],mode=two-phase,\
+             commit_log=exactly_commit_log"
+        )
+    );
+    let mut erased = factory.create(context(pipeline, 1)).unwrap();
+    erased.recover(&[]).await.unwrap();
+    assert_eq!(erased.pre_commit().await.unwrap(), None, "no records, no transaction");
+    erased.write(CheckpointId(3), &people(1, 0, 2)).await.unwrap();
+    erased.write(CheckpointId(3), &people(1, 2, 2)).await.unwrap();
+    let committable = erased.pre_commit().await.unwrap().expect("a committable");
+    assert_eq!(
+        committable,
+        json!({"gid": format!("exactly:{pipeline}:{table}:1:3"), "checkpoint": 3, "subtask": 1})
+    );
+    assert_eq!(f.count().await, 0);
+    let mut restarted = factory.create(context(pipeline, 1)).unwrap();
+    restarted.recover(std::slice::from_ref(&committable)).await.unwrap();
+    assert_eq!(f.count().await, 4);
+    erased.commit(&committable).await.unwrap();
+    assert_eq!(f.count().await, 4);
+}
+
+#[tokio::test]
+async fn long_names_get_a_shortened_gid_that_the_server_accepts_and_recovery_finds() {
+    let f = Fixture::new(&"t".repeat(50), ID_NAME).await;
+    let pipeline = format!("{}-{}", "p".repeat(300), f.pipeline);
+    let (mut sink, _) = new_sink(&f.config, &pipeline, 0);
+    sink.recover(&[]).await.unwrap();
+    let listed = prepare(&mut sink, u64::MAX >> 1, &[people(0, 0, 2)]).await;
+    let orphan = prepare(&mut sink, u64::MAX, &[people(0, 2, 2)]).await;
+    assert!(listed.gid.len() <= exactly_postgres::MAX_GID_BYTES && orphan.gid.len() <= 199);
+    assert!(listed.gid.starts_with(sink.gid_prefix()) && sink.gid_prefix().contains('~'));
+    let prefix = sink.gid_prefix().to_string();
+    drop(sink);
+    let (mut restarted, _) = new_sink(&f.config, &pipeline, 0);
+    restarted.recover(std::slice::from_ref(&listed)).await.unwrap();
+    assert_eq!(f.count().await, 2);
+    assert!(prepared(&f.db, &prefix).await.is_empty());
+}
+
+#[tokio::test]
+async fn missing_privileges_are_fatal_errors_naming_the_grant() {
+    let f = Fixture::new("guarded", ID_NAME).await;
+    if f.pg.is_external() {
+        eprintln!("skipped: needs a testkit server (trust authentication) to log in as a new role");
+        return;
+    }
+    let role = unique("limited");
+    let mut config = f.config.clone();
+    config.commit_log_table = Some(unique("log"));
+    config.url = format!("postgres://{role}@127.0.0.1:{}/postgres", f.pg.port());
+    // The tables exist (created by the administrator) ...
+    let mut admin_config = config.clone();
+    admin_config.url = f.pg.url().to_string();
+    new_sink(&admin_config, &f.pipeline, 0).0.recover(&[]).await.unwrap();
+    f.db.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN"))
+        .await
+        .unwrap();
+    let recover = || async { new_sink(&config, &f.pipeline, 0).0.recover(&[]).await };
+
+    // ... but the sink's user may not write them.
+    let message = fatal_message(recover().await);
+    assert!(
+        message.contains(&format!("lacks INSERT on table {}", f.table)) && message.contains("GRANT INSERT ON"),
+        "{message}"
+    );
+    f.db.batch_execute(&format!("GRANT INSERT ON \"{}\" TO \"{role}\"", f.table))
+        .await
+        .unwrap();
+    let message = fatal_message(recover().await);
+    assert!(message.contains("GRANT INSERT, SELECT, UPDATE ON"), "{message}");
+    f.db.batch_execute(&format!(
+        "GRANT INSERT, SELECT, UPDATE ON \"{}\" TO \"{role}\"; GRANT INSERT ON \"{}_dead_letters\" TO \"{role}\"",
+        config.commit_log_table.as_deref().unwrap(),
+        f.table
+    ))
+    .await
+    .unwrap();
+    recover().await.unwrap();
+    f.db.batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}

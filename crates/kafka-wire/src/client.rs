@@ -1,0 +1,163 @@
+//! [`WireClient`]: the calls exactly needs, each opening the connections it
+//! uses and closing them when done.
+
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::{ApiKey, DescribeConfigsRequest};
+use kafka_protocol::protocol::{StrBytes, VersionRange};
+use tracing::debug;
+
+use crate::cluster::{connect_any, metadata, transaction_coordinator};
+use crate::config::WireConfig;
+use crate::connection::{versions, KafkaConnection};
+use crate::error::WireError;
+use crate::reader::{self, TopicRead};
+use crate::records::CommittedRecord;
+use crate::txn::{end_txn_on, EndTxnOutcome};
+
+/// DescribeConfigs versions spoken (kafka-protocol implements v1 to v4; v4
+/// is the flexible encoding).
+const DESCRIBE_CONFIGS: VersionRange = versions(1, 4);
+/// DescribeConfigs resource type of a broker.
+const RESOURCE_BROKER: i8 = 4;
+
+/// A raw-protocol client for one Kafka cluster.
+///
+/// Cheap to clone; holds no connection between calls.
+#[derive(Debug, Clone)]
+pub struct WireClient {
+    config: WireConfig,
+}
+
+impl WireClient {
+    /// A client for the brokers `bootstrap` (`HOST:PORT[,HOST:PORT...]`).
+    pub fn new(bootstrap: &str) -> Result<WireClient, WireError> {
+        Ok(WireClient { config: WireConfig::new(bootstrap)? })
+    }
+
+    /// A client with explicit settings (see
+    /// [`WireConfig::from_properties`] for librdkafka-style properties).
+    pub fn with_config(config: WireConfig) -> WireClient {
+        WireClient { config }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &WireConfig {
+        &self.config
+    }
+
+    /// A connection to the first bootstrap server that answers.
+    pub async fn connect(&self) -> Result<KafkaConnection, WireError> {
+        connect_any(&self.config).await
+    }
+
+    /// `HOST:PORT` of the transaction coordinator of `transactional_id`.
+    pub async fn find_transaction_coordinator(&self, transactional_id: &str) -> Result<String, WireError> {
+        let mut connection = self.connect().await?;
+        transaction_coordinator(&mut connection, transactional_id).await
+    }
+
+    /// Commits (`commit = true`) or aborts the open transaction of
+    /// `transactional_id` as producer `producer_id`/`producer_epoch`,
+    /// without InitProducerId (which would abort it): FindCoordinator, then
+    /// EndTxn on the coordinator.
+    ///
+    /// The broker's verdict is the [`EndTxnOutcome`]; a coordinator that is
+    /// not ready yet (FindCoordinator answering COORDINATOR_NOT_AVAILABLE
+    /// or COORDINATOR_LOAD_IN_PROGRESS) is [`EndTxnOutcome::Retriable`] too.
+    /// `Err` means the question could not be asked (no broker reachable,
+    /// EndTxn not supported, ...).
+    pub async fn end_txn(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+    ) -> Result<EndTxnOutcome, WireError> {
+        let mut bootstrap = self.connect().await?;
+        let coordinator = match transaction_coordinator(&mut bootstrap, transactional_id).await {
+            Ok(coordinator) => coordinator,
+            Err(error) => {
+                let outcome = error.broker_error().map(|e| EndTxnOutcome::from_code(e.code()));
+                return match outcome {
+                    Some(outcome @ EndTxnOutcome::Retriable(_)) => Ok(outcome),
+                    _ => Err(error),
+                };
+            }
+        };
+        let mut connection = if coordinator == bootstrap.addr() {
+            bootstrap
+        } else {
+            KafkaConnection::connect_with(&coordinator, &self.config.options).await?
+        };
+        end_txn_on(&mut connection, transactional_id, producer_id, producer_epoch, commit).await
+    }
+
+    /// The value of the broker setting `key` (e.g.
+    /// `transaction.max.timeout.ms`) as one broker of the cluster reports it
+    /// through DescribeConfigs. `None` when the broker does not offer
+    /// DescribeConfigs, does not know the key, or hides its value
+    /// (sensitive settings).
+    pub async fn describe_broker_config(&self, key: &str) -> Result<Option<String>, WireError> {
+        let mut connection = self.connect().await?;
+        let cluster = metadata(&mut connection, None).await?;
+        // A broker's configuration is described by that broker itself.
+        let own_id = cluster.brokers.iter().find(|(_, address)| address.as_str() == connection.addr());
+        let (node_id, address) = match own_id.or_else(|| cluster.brokers.iter().next()) {
+            Some((id, address)) => (*id, address.clone()),
+            None => {
+                return Err(WireError::Protocol {
+                    addr: connection.addr().to_string(),
+                    message: "Metadata lists no broker".into(),
+                })
+            }
+        };
+        if address != connection.addr() {
+            connection = KafkaConnection::connect_with(&address, &self.config.options).await?;
+        }
+        let version = match connection.version(ApiKey::DescribeConfigs, DESCRIBE_CONFIGS) {
+            Ok(version) => version,
+            Err(WireError::ApiNotSupported { .. }) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let resource = DescribeConfigsResource::default()
+            .with_resource_type(RESOURCE_BROKER)
+            .with_resource_name(StrBytes::from_string(node_id.to_string()))
+            // All keys: Nisshi 0.7.0-pre.2 cannot decode a list of keys
+            // (it drops the connection), and the list is short anyway.
+            .with_configuration_keys(None);
+        let request = DescribeConfigsRequest::default().with_resources(vec![resource]);
+        let response = connection.request(version, &request).await?;
+        let Some(result) = response.results.into_iter().next() else {
+            return Ok(None);
+        };
+        let context = format!("broker {node_id} setting `{key}`");
+        let context = match result.error_message {
+            Some(message) => format!("{context}: {message}"),
+            None => context,
+        };
+        WireError::check(connection.addr(), ApiKey::DescribeConfigs, result.error_code, Some(&context))?;
+        let value = result
+            .configs
+            .into_iter()
+            .find(|config| config.name.as_str() == key)
+            .and_then(|config| config.value)
+            .map(|value| value.to_string());
+        debug!(broker = %connection.addr(), node_id, key, ?value, "DescribeConfigs");
+        Ok(value)
+    }
+
+    /// What a read_committed consumer sees of `topic`, decided from the log
+    /// itself (see [`read_topic`](Self::read_topic)).
+    pub async fn read_committed(&self, topic: &str) -> Result<Vec<CommittedRecord>, WireError> {
+        Ok(self.read_topic(topic).await?.records)
+    }
+
+    /// Reads every partition of `topic` from its log start to its high
+    /// watermark with read_uncommitted Fetch requests, decodes the record
+    /// batches and applies the read_committed contract itself (see
+    /// [`CommittedFilter`](crate::CommittedFilter)): unlike a consumer, it
+    /// does not rely on the broker's list of aborted transactions.
+    pub async fn read_topic(&self, topic: &str) -> Result<TopicRead, WireError> {
+        reader::read_topic(&self.config, topic).await
+    }
+}

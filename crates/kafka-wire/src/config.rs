@@ -1,0 +1,208 @@
+//! Which brokers to talk to, and how.
+
+use std::time::Duration;
+
+use crate::error::WireError;
+
+/// How long a request may wait for its answer unless configured otherwise.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long opening a TCP connection may take unless configured otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The client id sent with every request unless configured otherwise.
+pub const DEFAULT_CLIENT_ID: &str = "exactly-kafka-wire";
+
+const FIX_TLS: &str = "use a PLAINTEXT listener for exactly's raw-protocol calls";
+
+/// Settings of one connection: client id and timeouts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionOptions {
+    /// Sent as `client_id` in every request header.
+    pub client_id: String,
+    /// Limit for opening the TCP connection.
+    pub connect_timeout: Duration,
+    /// Limit for each request, from sending it to its complete answer.
+    pub request_timeout: Duration,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        ConnectionOptions {
+            client_id: DEFAULT_CLIENT_ID.to_string(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// A bootstrap list (`HOST:PORT[,HOST:PORT...]`) plus [`ConnectionOptions`].
+///
+/// Only plain TCP is implemented: a `SSL://` or `SASL_*://` server, or a
+/// `security.protocol` other than `plaintext`, is refused with
+/// [`WireError::Unsupported`] naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireConfig {
+    bootstrap: String,
+    servers: Vec<String>,
+    /// Client id and timeouts used for every connection.
+    pub options: ConnectionOptions,
+}
+
+impl WireConfig {
+    /// Parses `bootstrap` (`HOST:PORT[,HOST:PORT...]`, an optional
+    /// `PLAINTEXT://` prefix per server is accepted).
+    pub fn new(bootstrap: &str) -> Result<WireConfig, WireError> {
+        let servers = bootstrap
+            .split(',')
+            .map(str::trim)
+            .filter(|server| !server.is_empty())
+            .map(parse_server)
+            .collect::<Result<Vec<_>, _>>()?;
+        if servers.is_empty() {
+            return Err(WireError::InvalidConfig {
+                key: "bootstrap.servers".into(),
+                message: format!("`{bootstrap}` names no server; expected HOST:PORT[,HOST:PORT...]"),
+            });
+        }
+        Ok(WireConfig {
+            bootstrap: bootstrap.to_string(),
+            servers,
+            options: ConnectionOptions::default(),
+        })
+    }
+
+    /// Like [`new`](Self::new), then applies librdkafka-style client
+    /// `properties`: `security.protocol` must be `plaintext` (anything else,
+    /// and any `sasl.mechanism(s)`, is [`WireError::Unsupported`]);
+    /// `client.id`, `socket.connection.setup.timeout.ms` and
+    /// `request.timeout.ms`/`socket.timeout.ms` are honoured; every other
+    /// key is ignored (they tune librdkafka, not this client).
+    pub fn from_properties<'a, I, K, V>(bootstrap: &str, properties: I) -> Result<WireConfig, WireError>
+    where
+        I: IntoIterator<Item = (&'a K, &'a V)>,
+        K: AsRef<str> + ?Sized + 'a,
+        V: AsRef<str> + ?Sized + 'a,
+    {
+        let mut config = WireConfig::new(bootstrap)?;
+        for (key, value) in properties {
+            config.apply(key.as_ref(), value.as_ref())?;
+        }
+        Ok(config)
+    }
+
+    fn apply(&mut self, key: &str, value: &str) -> Result<(), WireError> {
+        let millis = || {
+            value.trim().parse::<u64>().map(Duration::from_millis).map_err(|_| WireError::InvalidConfig {
+                key: key.to_string(),
+                message: format!("`{value}` is not a number of milliseconds"),
+            })
+        };
+        match key {
+            "security.protocol" if !value.trim().eq_ignore_ascii_case("plaintext") => {
+                return Err(WireError::Unsupported {
+                    what: format!("security.protocol={value} (TLS and SASL)"),
+                    fix: FIX_TLS,
+                });
+            }
+            "sasl.mechanism" | "sasl.mechanisms" => {
+                return Err(WireError::Unsupported {
+                    what: format!("SASL authentication ({key}={value})"),
+                    fix: FIX_TLS,
+                });
+            }
+            "client.id" => self.options.client_id = value.to_string(),
+            "request.timeout.ms" | "socket.timeout.ms" => self.options.request_timeout = millis()?,
+            "socket.connection.setup.timeout.ms" => self.options.connect_timeout = millis()?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The bootstrap list as given.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// The servers of the bootstrap list, as `HOST:PORT`.
+    pub fn servers(&self) -> &[String] {
+        &self.servers
+    }
+}
+
+/// `HOST:PORT` of one bootstrap entry, refusing TLS/SASL listeners.
+fn parse_server(server: &str) -> Result<String, WireError> {
+    let address = match server.split_once("://") {
+        None => server,
+        Some((scheme, address)) if scheme.eq_ignore_ascii_case("plaintext") => address,
+        Some((scheme, _)) => {
+            return Err(WireError::Unsupported {
+                what: format!("the {scheme} listener `{server}` (TLS and SASL)"),
+                fix: FIX_TLS,
+            });
+        }
+    };
+    let port_ok = address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !port_ok {
+        return Err(WireError::InvalidConfig {
+            key: "bootstrap.servers".into(),
+            message: format!("`{server}` is not HOST:PORT"),
+        });
+    }
+    Ok(address.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn parses_bootstrap_lists() {
+        let config = WireConfig::new(" 127.0.0.1:9092, PLAINTEXT://[::1]:9093 ,").unwrap();
+        assert_eq!(config.servers(), ["127.0.0.1:9092", "[::1]:9093"]);
+        for bad in ["", " , ", "localhost", "host:port", ":9092"] {
+            let err = WireConfig::new(bad).unwrap_err();
+            assert!(matches!(err, WireError::InvalidConfig { .. }), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn refuses_tls_and_sasl() {
+        let err = WireConfig::new("SSL://broker:9093").unwrap_err();
+        assert!(matches!(err, WireError::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains("SSL listener"), "{err}");
+
+        for (key, value) in [
+            ("security.protocol", "ssl"),
+            ("security.protocol", "SASL_SSL"),
+            ("security.protocol", "sasl_plaintext"),
+            ("sasl.mechanism", "PLAIN"),
+        ] {
+            let properties = BTreeMap::from([(key.to_string(), value.to_string())]);
+            let err = WireConfig::from_properties("127.0.0.1:9092", &properties).unwrap_err();
+            assert!(matches!(err, WireError::Unsupported { .. }), "{key}={value}: {err}");
+            assert!(err.to_string().contains(value), "{err}");
+        }
+    }
+
+    #[test]
+    fn honours_client_settings() {
+        let properties = [
+            ("security.protocol", "PLAINTEXT"),
+            ("client.id", "sink-3"),
+            ("request.timeout.ms", "1500"),
+            ("socket.connection.setup.timeout.ms", "250"),
+            ("compression.type", "lz4"),
+        ];
+        let config =
+            WireConfig::from_properties("127.0.0.1:9092", properties.iter().map(|(k, v)| (*k, *v))).unwrap();
+        assert_eq!(config.options.client_id, "sink-3");
+        assert_eq!(config.options.request_timeout, Duration::from_millis(1500));
+        assert_eq!(config.options.connect_timeout, Duration::from_millis(250));
+
+        let bad = [("request.timeout.ms", "soon")];
+        let err = WireConfig::from_properties("127.0.0.1:9092", bad.iter().map(|(k, v)| (*k, *v))).unwrap_err();
+        assert!(matches!(err, WireError::InvalidConfig { .. }), "{err}");
+    }
+}

@@ -1,0 +1,272 @@
+//! One TCP connection to one broker: framing, headers, correlation ids and
+//! the ApiVersions handshake.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes, VersionRange};
+use kafka_protocol::ResponseError;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::{debug, trace};
+
+use crate::config::ConnectionOptions;
+use crate::error::WireError;
+
+/// Largest response frame accepted (a fetch answer is bounded by the
+/// request's `max_bytes`, far below this).
+const MAX_FRAME: usize = 256 * 1024 * 1024;
+
+/// The ApiVersions versions this client speaks. v3 added the flexible
+/// (tagged-field) encoding and client software name/version.
+const API_VERSIONS: VersionRange = VersionRange { min: 0, max: 3 };
+
+/// `VersionRange { min, max }` in a `const`.
+pub(crate) const fn versions(min: i16, max: i16) -> VersionRange {
+    VersionRange { min, max }
+}
+
+/// An open connection to one Kafka broker.
+///
+/// [`connect`](Self::connect) opens the socket and performs the ApiVersions
+/// handshake, so [`version`](Self::version) can pick, for each API, the
+/// highest version both sides support. [`request`](Self::request) sends one
+/// request and waits for its answer; requests are not pipelined.
+///
+/// After an I/O error, a timeout or a protocol violation the connection is
+/// closed and every later request fails: open a new one.
+#[derive(Debug)]
+pub struct KafkaConnection {
+    addr: String,
+    stream: Option<TcpStream>,
+    next_correlation_id: i32,
+    client_id: StrBytes,
+    request_timeout: Duration,
+    broker_versions: BTreeMap<i16, VersionRange>,
+}
+
+impl KafkaConnection {
+    /// Connects to `addr` (`HOST:PORT`) with default [`ConnectionOptions`].
+    pub async fn connect(addr: &str) -> Result<KafkaConnection, WireError> {
+        Self::connect_with(addr, &ConnectionOptions::default()).await
+    }
+
+    /// Connects to `addr` (`HOST:PORT`) and performs the ApiVersions
+    /// handshake.
+    pub async fn connect_with(addr: &str, options: &ConnectionOptions) -> Result<KafkaConnection, WireError> {
+        let connect_error = |source| WireError::Connect { addr: addr.to_string(), source };
+        let stream = tokio::time::timeout(options.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                connect_error(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection within {:?}", options.connect_timeout),
+                ))
+            })?
+            .map_err(connect_error)?;
+        // Requests are small and answered one at a time: don't let Nagle delay them.
+        stream.set_nodelay(true).map_err(connect_error)?;
+        let mut connection = KafkaConnection {
+            addr: addr.to_string(),
+            stream: Some(stream),
+            next_correlation_id: 0,
+            client_id: StrBytes::from_string(options.client_id.clone()),
+            request_timeout: options.request_timeout,
+            broker_versions: BTreeMap::new(),
+        };
+        connection.handshake().await?;
+        Ok(connection)
+    }
+
+    /// The broker's address, as connected to.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The versions of `api` the broker advertised, `None` if it does not
+    /// offer the API.
+    pub fn broker_versions(&self, api: ApiKey) -> Option<VersionRange> {
+        self.broker_versions.get(&(api as i16)).copied()
+    }
+
+    /// Every API the broker advertised with its versions, by API key.
+    pub fn advertised_apis(&self) -> impl Iterator<Item = (i16, VersionRange)> + '_ {
+        self.broker_versions.iter().map(|(key, range)| (*key, *range))
+    }
+
+    /// The highest version of `api` that the broker advertises, this crate
+    /// can encode, and the caller speaks (`client`).
+    pub fn version(&self, api: ApiKey, client: VersionRange) -> Result<i16, WireError> {
+        let ours = client.intersect(&api.valid_versions());
+        let broker = self.broker_versions(api);
+        match broker.map(|range| range.intersect(&ours)) {
+            Some(common) if !common.is_empty() => Ok(common.max),
+            _ => Err(WireError::ApiNotSupported { addr: self.addr.clone(), api, broker, client: ours }),
+        }
+    }
+
+    /// Sends `body` as version `version` of its API and returns the decoded
+    /// answer. Request and response header versions follow the API version
+    /// (flexible versions use header v2 / v1, except ApiVersions responses,
+    /// which always use header v0).
+    pub async fn request<R>(&mut self, version: i16, body: &R) -> Result<R::Response, WireError>
+    where
+        R: Request + std::fmt::Debug,
+    {
+        let api = api_key::<R>();
+        let mut payload = self.exchange(api, version, body).await?;
+        decode_body::<R::Response>(&self.addr, api, version, &mut payload)
+    }
+
+    /// Sends `body` at the highest version within `client` that the broker
+    /// supports; returns that version with the answer.
+    pub async fn negotiated_request<R>(
+        &mut self,
+        client: VersionRange,
+        body: &R,
+    ) -> Result<(i16, R::Response), WireError>
+    where
+        R: Request + std::fmt::Debug,
+    {
+        let version = self.version(api_key::<R>(), client)?;
+        let response = self.request(version, body).await?;
+        Ok((version, response))
+    }
+
+    /// ApiVersions at the highest version this client speaks; a broker that
+    /// does not know it answers UNSUPPORTED_VERSION in the v0 format with its
+    /// own range, and the request is repeated in that range.
+    async fn handshake(&mut self) -> Result<(), WireError> {
+        let api = ApiKey::ApiVersions;
+        let request = ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("exactly-kafka-wire"))
+            .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
+        let mut version = API_VERSIONS.max;
+        let response = loop {
+            let payload = self.exchange(api, version, &request).await?;
+            let response = decode_body::<ApiVersionsResponse>(&self.addr, api, version, &mut payload.clone())
+                .or_else(|_| decode_body::<ApiVersionsResponse>(&self.addr, api, 0, &mut payload.clone()))?;
+            if response.error_code != ResponseError::UnsupportedVersion.code() {
+                break response;
+            }
+            let theirs = response.api_keys.iter().find(|key| key.api_key == api as i16);
+            let retry = theirs.map(|key| key.max_version.min(API_VERSIONS.max));
+            match retry {
+                Some(retry) if retry < version && retry >= API_VERSIONS.min => version = retry,
+                _ => break response,
+            }
+        };
+        WireError::check(&self.addr, api, response.error_code, None)?;
+        self.broker_versions = response
+            .api_keys
+            .iter()
+            .map(|key| (key.api_key, versions(key.min_version, key.max_version)))
+            .collect();
+        debug!(
+            broker = %self.addr,
+            api_versions_version = version,
+            apis = self.broker_versions.len(),
+            "connected to Kafka broker"
+        );
+        Ok(())
+    }
+
+    /// Sends one framed request and returns the response body (after its
+    /// header). Any failure closes the connection.
+    async fn exchange<R>(&mut self, api: ApiKey, version: i16, body: &R) -> Result<Bytes, WireError>
+    where
+        R: Request + std::fmt::Debug,
+    {
+        let correlation_id = self.next_correlation_id;
+        self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
+        let frame = self.frame(api, version, correlation_id, body)?;
+        let response_header_version = R::Response::header_version(version);
+        let Some(stream) = self.stream.as_mut() else {
+            let source = io::Error::new(io::ErrorKind::NotConnected, "connection closed after an earlier failure");
+            return Err(WireError::Io { addr: self.addr.clone(), api, source });
+        };
+        trace!(broker = %self.addr, ?api, version, correlation_id, ?body, "request");
+        let outcome = tokio::time::timeout(self.request_timeout, roundtrip(stream, &frame)).await;
+        let result = match outcome {
+            Err(_) => Err(WireError::Timeout { addr: self.addr.clone(), api, after: self.request_timeout }),
+            Ok(Err(source)) if source.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(WireError::Closed { addr: self.addr.clone(), api })
+            }
+            Ok(Err(source)) => Err(WireError::Io { addr: self.addr.clone(), api, source }),
+            Ok(Ok(mut payload)) => {
+                decode_body::<ResponseHeader>(&self.addr, api, response_header_version, &mut payload).and_then(
+                    |header| {
+                        if header.correlation_id == correlation_id {
+                            Ok(payload)
+                        } else {
+                            Err(WireError::Protocol {
+                                addr: self.addr.clone(),
+                                message: format!(
+                                    "answer to {api:?} carries correlation id {}, expected {correlation_id}",
+                                    header.correlation_id
+                                ),
+                            })
+                        }
+                    },
+                )
+            }
+        };
+        if result.is_err() {
+            self.stream = None;
+        }
+        result
+    }
+
+    /// Length prefix, request header (version chosen for `api`/`version`)
+    /// and body.
+    fn frame<R: Request>(&self, api: ApiKey, version: i16, correlation_id: i32, body: &R) -> Result<Bytes, WireError> {
+        let codec_error = |message: String| WireError::Codec { addr: self.addr.clone(), api, version, message };
+        if version < R::VERSIONS.min || version > R::VERSIONS.max {
+            return Err(codec_error(format!("version {version} is outside {}", R::VERSIONS)));
+        }
+        let header = RequestHeader::default()
+            .with_request_api_key(api as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(correlation_id)
+            .with_client_id(Some(self.client_id.clone()));
+        let mut frame = BytesMut::with_capacity(256);
+        frame.put_i32(0);
+        header.encode(&mut frame, R::header_version(version)).map_err(|e| codec_error(e.to_string()))?;
+        body.encode(&mut frame, version).map_err(|e| codec_error(e.to_string()))?;
+        let length = i32::try_from(frame.len() - 4).map_err(|_| codec_error("request too large".into()))?;
+        frame[..4].copy_from_slice(&length.to_be_bytes());
+        Ok(frame.freeze())
+    }
+}
+
+/// Writes `frame` and reads one length-prefixed answer.
+async fn roundtrip(stream: &mut TcpStream, frame: &[u8]) -> io::Result<Bytes> {
+    stream.write_all(frame).await?;
+    stream.flush().await?;
+    let length = stream.read_i32().await?;
+    let length = usize::try_from(length)
+        .ok()
+        .filter(|length| *length <= MAX_FRAME)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("absurd response length {length}")))?;
+    let mut payload = vec![0; length];
+    stream.read_exact(&mut payload).await?;
+    Ok(Bytes::from(payload))
+}
+
+/// Decodes a response header or body, naming the API on failure.
+fn decode_body<T: Decodable>(addr: &str, api: ApiKey, version: i16, payload: &mut Bytes) -> Result<T, WireError> {
+    T::decode(payload, version).map_err(|e| WireError::Codec {
+        addr: addr.to_string(),
+        api,
+        version,
+        message: format!("undecodable answer: {e}"),
+    })
+}
+
+/// The [`ApiKey`] of request type `R`.
+pub(crate) fn api_key<R: Request>() -> ApiKey {
+    ApiKey::try_from(R::KEY).expect("every kafka-protocol request type has a known API key")
+}

@@ -1,0 +1,205 @@
+//! The one error type of this crate.
+
+use std::time::Duration;
+
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError;
+
+/// Everything that can go wrong talking to a broker.
+///
+/// Every variant names the broker address (or bootstrap list) and, where one
+/// was involved, the Kafka API, so a message is actionable on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// A client setting asks for something this crate does not implement
+    /// yet (TLS, SASL, ...). `what` names the setting and its value.
+    #[error("{what} is not yet supported by exactly-kafka-wire (plain TCP only); {fix}")]
+    Unsupported {
+        /// The unsupported feature and the setting that asked for it.
+        what: String,
+        /// What to do instead.
+        fix: &'static str,
+    },
+
+    /// A setting or argument is malformed (an empty bootstrap list, a
+    /// server without a port, ...).
+    #[error("invalid Kafka client setting `{key}`: {message}")]
+    InvalidConfig {
+        /// The offending setting.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+
+    /// The TCP connection could not be opened.
+    #[error("connecting to Kafka broker {addr}: {source}")]
+    Connect {
+        /// The broker address.
+        addr: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Reading or writing the socket failed (the broker closed the
+    /// connection, reset it, ...). The connection is unusable afterwards.
+    #[error("{api:?} request to Kafka broker {addr}: {source}")]
+    Io {
+        /// The broker address.
+        addr: String,
+        /// The API of the request in flight.
+        api: ApiKey,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The broker closed the connection instead of (completely) answering.
+    /// Besides a broker restart, this is how Nisshi 0.7.0-pre.2 reports a
+    /// failed request (e.g. EndTxn with a fenced epoch or an unknown
+    /// transactional id): it sends no error code, it hangs up.
+    #[error("Kafka broker {addr} closed the connection instead of answering {api:?}")]
+    Closed {
+        /// The broker address.
+        addr: String,
+        /// The API of the request in flight.
+        api: ApiKey,
+    },
+
+    /// The broker did not answer in time. The connection is unusable
+    /// afterwards.
+    #[error("{api:?} request to Kafka broker {addr} got no answer within {after:?}")]
+    Timeout {
+        /// The broker address.
+        addr: String,
+        /// The API of the request in flight.
+        api: ApiKey,
+        /// The timeout that elapsed.
+        after: Duration,
+    },
+
+    /// A message could not be encoded or a response could not be decoded.
+    #[error("{api:?} v{version} with Kafka broker {addr}: {message}")]
+    Codec {
+        /// The broker address.
+        addr: String,
+        /// The API of the message.
+        api: ApiKey,
+        /// The API version used.
+        version: i16,
+        /// What went wrong.
+        message: String,
+    },
+
+    /// The byte stream broke the protocol (a wrong correlation id, an
+    /// absurd frame length, a corrupt record batch, ...).
+    #[error("Kafka broker {addr} broke the protocol: {message}")]
+    Protocol {
+        /// The broker address.
+        addr: String,
+        /// What was wrong.
+        message: String,
+    },
+
+    /// The broker does not offer any version of an API that this client
+    /// speaks (`broker` is `None` when it does not offer the API at all).
+    #[error(
+        "Kafka broker {addr} does not support {api:?} in a version this client speaks \
+         (broker: {}, client: {client})",
+        broker.map_or_else(|| "none".to_string(), |range| range.to_string())
+    )]
+    ApiNotSupported {
+        /// The broker address.
+        addr: String,
+        /// The API.
+        api: ApiKey,
+        /// The versions the broker advertised, if any.
+        broker: Option<VersionRange>,
+        /// The versions this client implements.
+        client: VersionRange,
+    },
+
+    /// The broker answered with an error code.
+    #[error("{api:?} on Kafka broker {addr} failed: {error}{}", message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
+    Broker {
+        /// The broker address.
+        addr: String,
+        /// The API of the request.
+        api: ApiKey,
+        /// The Kafka error.
+        error: ResponseError,
+        /// The broker's error message, when it sent one.
+        message: Option<String>,
+    },
+
+    /// No server of the bootstrap list could be reached.
+    #[error("no Kafka broker of `{bootstrap}` could be reached; last error: {last}")]
+    NoBrokerReachable {
+        /// The bootstrap list.
+        bootstrap: String,
+        /// The error of the last server tried.
+        last: Box<WireError>,
+    },
+
+    /// Reading a partition stopped advancing before its high watermark.
+    #[error(
+        "reading {topic}/{partition} from Kafka broker {addr} stalled at offset {offset} \
+         (high watermark {high_watermark})"
+    )]
+    Stalled {
+        /// The broker address.
+        addr: String,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The next offset to read.
+        offset: i64,
+        /// The partition's high watermark.
+        high_watermark: i64,
+    },
+}
+
+impl WireError {
+    /// The Kafka error code, when the broker answered with one.
+    pub fn broker_error(&self) -> Option<ResponseError> {
+        match self {
+            WireError::Broker { error, .. } => Some(*error),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying the same call later may succeed: the broker could
+    /// not be reached, timed out, or answered with a retriable error code.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            WireError::Connect { .. }
+            | WireError::Io { .. }
+            | WireError::Closed { .. }
+            | WireError::Timeout { .. }
+            | WireError::NoBrokerReachable { .. }
+            | WireError::Stalled { .. } => true,
+            WireError::Broker { error, .. } => error.is_retriable(),
+            _ => false,
+        }
+    }
+
+    /// `Err(Broker)` for a non-zero error `code`, `Ok(())` for zero.
+    pub(crate) fn check(
+        addr: &str,
+        api: ApiKey,
+        code: i16,
+        message: Option<&str>,
+    ) -> Result<(), WireError> {
+        match ResponseError::try_from_code(code) {
+            None => Ok(()),
+            Some(error) => Err(WireError::Broker {
+                addr: addr.to_string(),
+                api,
+                error,
+                message: message.map(str::to_string),
+            }),
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! A small raw Kafka protocol client for exactly, on the `kafka-protocol`
+//! crate's message types.
+//!
+//! Two jobs need the wire protocol itself rather than librdkafka:
+//!
+//! - **Finishing a pre-committed transaction after a crash.** librdkafka
+//!   cannot resume a transaction another process began; its only way back
+//!   in, InitProducerId, aborts it. [`end_txn`] sends EndTxn straight to the
+//!   transaction coordinator with the producer id and epoch recorded at
+//!   pre-commit.
+//! - **Checking what read_committed consumers may see.** Some brokers write
+//!   COMMIT/ABORT markers but do not report aborted transactions in Fetch
+//!   answers, so consumers would deliver aborted records. [`read_committed`]
+//!   reads the raw log and applies the contract itself
+//!   ([`CommittedFilter`], testable without a broker).
+//!
+//! Underneath is [`KafkaConnection`]: one plain TCP connection with
+//! correlation ids, length-prefixed framing, request/response header
+//! versions that follow each API version (flexible versions included), and
+//! an ApiVersions handshake that picks the highest version both sides
+//! speak. TLS and SASL are not implemented: such settings are refused with
+//! [`WireError::Unsupported`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), exactly_kafka_wire::WireError> {
+//! use exactly_kafka_wire::{end_txn, read_committed, EndTxnOutcome};
+//!
+//! match end_txn("127.0.0.1:9092", "sink-0-17", 4001, 0, true).await? {
+//!     EndTxnOutcome::Ok => {}
+//!     outcome if outcome.is_retriable() => { /* try again shortly */ }
+//!     outcome => panic!("transaction lost: {outcome}"),
+//! }
+//! for record in read_committed("127.0.0.1:9092", "out").await? {
+//!     println!("{}/{}@{}: {:?}", record.topic, record.partition, record.offset, record.value);
+//! }
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod client;
+mod cluster;
+mod config;
+mod connection;
+mod error;
+mod reader;
+pub mod records;
+mod txn;
+
+pub use client::WireClient;
+pub use config::{
+    ConnectionOptions, WireConfig, DEFAULT_CLIENT_ID, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
+};
+pub use connection::KafkaConnection;
+pub use error::WireError;
+/// The `kafka-protocol` crate, whose message types [`KafkaConnection::request`] takes.
+pub use kafka_protocol;
+pub use reader::TopicRead;
+pub use records::{
+    committed_records, decode_batches, CommittedFilter, CommittedRecord, DecodedBatch, OpenTransaction,
+    PartitionRead,
+};
+pub use txn::EndTxnOutcome;
+
+/// `HOST:PORT` of the transaction coordinator of `transactional_id`
+/// (FindCoordinator with key type 1, the node mapped through Metadata).
+/// See [`WireClient::find_transaction_coordinator`].
+pub async fn find_transaction_coordinator(bootstrap: &str, transactional_id: &str) -> Result<String, WireError> {
+    WireClient::new(bootstrap)?.find_transaction_coordinator(transactional_id).await
+}
+
+/// Commits or aborts the open transaction of `transactional_id`, as
+/// `producer_id`/`producer_epoch`, without InitProducerId. See
+/// [`WireClient::end_txn`].
+pub async fn end_txn(
+    bootstrap: &str,
+    transactional_id: &str,
+    producer_id: i64,
+    producer_epoch: i16,
+    commit: bool,
+) -> Result<EndTxnOutcome, WireError> {
+    WireClient::new(bootstrap)?.end_txn(transactional_id, producer_id, producer_epoch, commit).await
+}
+
+/// The broker setting `key` (e.g. `transaction.max.timeout.ms`), `None` if
+/// the broker does not report it. See [`WireClient::describe_broker_config`].
+pub async fn describe_broker_config(bootstrap: &str, key: &str) -> Result<Option<String>, WireError> {
+    WireClient::new(bootstrap)?.describe_broker_config(key).await
+}
+
+/// What a read_committed consumer sees of `topic`, by partition then
+/// offset, decided from the raw log. See [`WireClient::read_topic`].
+pub async fn read_committed(bootstrap: &str, topic: &str) -> Result<Vec<CommittedRecord>, WireError> {
+    WireClient::new(bootstrap)?.read_committed(topic).await
+}

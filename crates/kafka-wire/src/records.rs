@@ -1,0 +1,318 @@
+//! Record batches and Kafka's read_committed contract, without I/O.
+//!
+//! [`decode_batches`] turns the raw `records` bytes of a Fetch answer into
+//! [`DecodedBatch`]es; a [`CommittedFilter`] takes a partition's batches in
+//! log order and keeps what a `read_committed` consumer would see:
+//!
+//! - records of non-transactional batches are visible at once;
+//! - records of a transactional batch are held per producer id until that
+//!   producer's next control marker on the partition: COMMIT releases them,
+//!   ABORT discards them;
+//! - records without a marker yet belong to an open transaction and are not
+//!   visible;
+//! - control batches themselves are never visible.
+
+use std::collections::BTreeMap;
+
+use bytes::{Buf, Bytes};
+use kafka_protocol::records::{Record, RecordBatchDecoder};
+
+/// Bytes before a batch's payload that tell its length: base offset (8) and
+/// batch length (4).
+const BATCH_PREFIX: usize = 12;
+/// Position of the magic byte in a batch.
+const MAGIC_AT: usize = 16;
+/// Position of `lastOffsetDelta` in a v2 batch.
+const LAST_OFFSET_DELTA_AT: usize = 23;
+/// Size of a v2 batch header, up to and including the record count.
+const BATCH_HEADER: usize = 61;
+
+/// What a control record marks, from the `type` field of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlMarker {
+    /// Type 0: the producer's open transaction on this partition is aborted.
+    Abort,
+    /// Type 1: the producer's open transaction on this partition is committed.
+    Commit,
+    /// Any other type (e.g. KRaft's leader-change records): no effect on
+    /// transactions.
+    Other(i16),
+}
+
+impl ControlMarker {
+    /// Reads the key of a control record: `version: i16, type: i16`.
+    pub fn from_key(key: &[u8]) -> Option<ControlMarker> {
+        let kind = i16::from_be_bytes(key.get(2..4)?.try_into().ok()?);
+        Some(match kind {
+            0 => ControlMarker::Abort,
+            1 => ControlMarker::Commit,
+            other => ControlMarker::Other(other),
+        })
+    }
+}
+
+/// A record header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// The header's key.
+    pub key: String,
+    /// The header's value (`None` for a null value).
+    pub value: Option<Vec<u8>>,
+}
+
+/// One record of a [`DecodedBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRecord {
+    /// The record's offset.
+    pub offset: i64,
+    /// Its timestamp (creation or log-append time, as the topic says).
+    pub timestamp: i64,
+    /// Its key.
+    pub key: Option<Vec<u8>>,
+    /// Its value.
+    pub value: Option<Vec<u8>>,
+    /// Its headers, in order.
+    pub headers: Vec<RecordHeader>,
+}
+
+/// One record batch of a partition, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedBatch {
+    /// Offset of the batch's first record.
+    pub base_offset: i64,
+    /// Offset of its last record (greater than the last remaining record's
+    /// after compaction).
+    pub last_offset: i64,
+    /// The producer id; -1 for a producer that is neither idempotent nor
+    /// transactional.
+    pub producer_id: i64,
+    /// The producer epoch; -1 without a producer id.
+    pub producer_epoch: i16,
+    /// Whether the batch belongs to a transaction.
+    pub transactional: bool,
+    /// `Some` for a control batch, with the type of its control record.
+    pub control: Option<ControlMarker>,
+    /// The data records (empty for a control batch).
+    pub records: Vec<BatchRecord>,
+}
+
+/// A record as a `read_committed` consumer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedRecord {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The record's offset.
+    pub offset: i64,
+    /// Its timestamp.
+    pub timestamp: i64,
+    /// Its key.
+    pub key: Option<Vec<u8>>,
+    /// Its value.
+    pub value: Option<Vec<u8>>,
+    /// Its headers, in order.
+    pub headers: Vec<RecordHeader>,
+    /// The producer id of its batch (-1 for a plain producer).
+    pub producer_id: i64,
+}
+
+/// A transaction with records but no control marker yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenTransaction {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The producer id.
+    pub producer_id: i64,
+    /// The producer epoch of its latest batch.
+    pub producer_epoch: i16,
+    /// Offset of its first record on the partition.
+    pub first_offset: i64,
+    /// Number of records it holds back.
+    pub records: usize,
+}
+
+/// What [`CommittedFilter::finish`] returns for one partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartitionRead {
+    /// The committed and non-transactional records, by offset.
+    pub records: Vec<CommittedRecord>,
+    /// Transactions without a marker, by producer id.
+    pub open_transactions: Vec<OpenTransaction>,
+    /// How many records ABORT markers discarded.
+    pub aborted_records: usize,
+}
+
+/// Applies Kafka's read_committed contract to the batches of one partition,
+/// fed in log order (see the [module documentation](self)).
+#[derive(Debug, Clone)]
+pub struct CommittedFilter {
+    topic: String,
+    partition: i32,
+    held: BTreeMap<i64, (OpenTransaction, Vec<CommittedRecord>)>,
+    read: PartitionRead,
+}
+
+impl CommittedFilter {
+    /// A filter for `topic`/`partition` that has seen nothing yet.
+    pub fn new(topic: &str, partition: i32) -> CommittedFilter {
+        CommittedFilter {
+            topic: topic.to_string(),
+            partition,
+            held: BTreeMap::new(),
+            read: PartitionRead::default(),
+        }
+    }
+
+    /// Takes the partition's next batch.
+    pub fn push(&mut self, batch: DecodedBatch) {
+        if let Some(marker) = batch.control {
+            self.mark(batch.producer_id, marker);
+            return;
+        }
+        let records = batch.records.into_iter().map(|record| CommittedRecord {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset: record.offset,
+            timestamp: record.timestamp,
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+            producer_id: batch.producer_id,
+        });
+        if !batch.transactional {
+            self.read.records.extend(records);
+            return;
+        }
+        let records: Vec<_> = records.collect();
+        let (open, held) = self.held.entry(batch.producer_id).or_insert_with(|| {
+            let open = OpenTransaction {
+                topic: self.topic.clone(),
+                partition: self.partition,
+                producer_id: batch.producer_id,
+                producer_epoch: batch.producer_epoch,
+                first_offset: batch.base_offset,
+                records: 0,
+            };
+            (open, Vec::new())
+        });
+        open.producer_epoch = batch.producer_epoch;
+        open.records += records.len();
+        held.extend(records);
+    }
+
+    fn mark(&mut self, producer_id: i64, marker: ControlMarker) {
+        let released = match marker {
+            ControlMarker::Commit | ControlMarker::Abort => self.held.remove(&producer_id),
+            ControlMarker::Other(_) => None,
+        };
+        if let Some((_, records)) = released {
+            if marker == ControlMarker::Commit {
+                self.read.records.extend(records);
+            } else {
+                self.read.aborted_records += records.len();
+            }
+        }
+    }
+
+    /// The visible records in offset order, and the transactions still
+    /// open.
+    pub fn finish(self) -> PartitionRead {
+        let mut read = self.read;
+        read.records.sort_by_key(|record| record.offset);
+        read.open_transactions = self.held.into_values().map(|(open, _)| open).collect();
+        read
+    }
+}
+
+/// What a `read_committed` consumer sees of one partition whose batches are
+/// `batches`, in log order: the committed and non-transactional records by
+/// offset.
+pub fn committed_records(
+    topic: &str,
+    partition: i32,
+    batches: impl IntoIterator<Item = DecodedBatch>,
+) -> Vec<CommittedRecord> {
+    let mut filter = CommittedFilter::new(topic, partition);
+    batches.into_iter().for_each(|batch| filter.push(batch));
+    filter.finish().records
+}
+
+/// Decodes the complete record batches at the front of `raw` (the `records`
+/// of a Fetch answer), consuming them; a trailing partial batch, which a
+/// broker may send when it cuts an answer at its byte limit, is left in
+/// `raw`. Batches are decompressed as needed (gzip, snappy, lz4, zstd).
+///
+/// Fails on a batch in the pre-0.11 message format (magic 0 or 1), which
+/// carries no producer ids and no transactions, and on a corrupt batch.
+pub fn decode_batches(raw: &mut Bytes) -> Result<Vec<DecodedBatch>, String> {
+    let mut batches = Vec::new();
+    while raw.len() >= BATCH_PREFIX {
+        let length = i32::from_be_bytes(raw[8..BATCH_PREFIX].try_into().expect("4 bytes"));
+        let length = usize::try_from(length).map_err(|_| format!("negative batch length {length}"))?;
+        if raw.len() < BATCH_PREFIX + length {
+            break;
+        }
+        let mut batch = raw.split_to(BATCH_PREFIX + length);
+        batches.push(decode_batch(&mut batch)?);
+    }
+    Ok(batches)
+}
+
+/// Decodes one complete batch.
+fn decode_batch(batch: &mut Bytes) -> Result<DecodedBatch, String> {
+    let base_offset = (&batch[..8]).get_i64();
+    let magic = *batch.get(MAGIC_AT).ok_or("batch shorter than its header")? as i8;
+    if magic != 2 {
+        return Err(format!(
+            "the batch at offset {base_offset} uses message format v{magic}; only v2 record batches are supported"
+        ));
+    }
+    if batch.len() < BATCH_HEADER {
+        return Err(format!("the batch at offset {base_offset} is shorter than a batch header"));
+    }
+    let last_offset_delta = (&batch[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4]).get_i32();
+    let info = RecordBatchDecoder::decode_batch_info(&mut batch.clone())
+        .map_err(|e| format!("batch at offset {base_offset}: {e}"))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("the batch at offset {base_offset} has no header"))?;
+    let set = RecordBatchDecoder::decode(batch).map_err(|e| format!("batch at offset {base_offset}: {e}"))?;
+    let control = if info.control {
+        let key = set.records.first().and_then(|record| record.key.as_deref()).unwrap_or_default();
+        let marker = ControlMarker::from_key(key)
+            .ok_or_else(|| format!("the control batch at offset {base_offset} has no valid control key"))?;
+        Some(marker)
+    } else {
+        None
+    };
+    let records = if info.control { Vec::new() } else { set.records.into_iter().map(batch_record).collect() };
+    Ok(DecodedBatch {
+        base_offset,
+        last_offset: base_offset + i64::from(last_offset_delta),
+        producer_id: info.producer_id,
+        producer_epoch: info.producer_epoch,
+        transactional: info.transactional,
+        control,
+        records,
+    })
+}
+
+fn batch_record(record: Record) -> BatchRecord {
+    BatchRecord {
+        offset: record.offset,
+        timestamp: record.timestamp,
+        key: record.key.map(Vec::from),
+        value: record.value.map(Vec::from),
+        headers: record
+            .headers
+            .into_iter()
+            .map(|(key, value)| RecordHeader { key: key.to_string(), value: value.map(Vec::from) })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

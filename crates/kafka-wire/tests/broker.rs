@@ -1,0 +1,412 @@
+//! exactly-kafka-wire against a real broker: Nisshi started by
+//! exactly-testkit, or the Kafka named by `EXACTLY_KAFKA_BOOTSTRAP`.
+//! Records are produced with librdkafka (rdkafka); the crash case runs the
+//! transactional producer in a child process killed with SIGKILL.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use exactly_kafka_wire::kafka_protocol::messages::{ApiKey, MetadataRequest};
+use exactly_kafka_wire::kafka_protocol::protocol::VersionRange;
+use exactly_kafka_wire::kafka_protocol::ResponseError;
+use exactly_kafka_wire::{
+    describe_broker_config, end_txn, find_transaction_coordinator, read_committed, CommittedRecord, EndTxnOutcome,
+    KafkaConnection, WireClient, WireError,
+};
+use exactly_testkit::KafkaBroker;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::ClientContext;
+
+/// Limit for librdkafka's blocking transaction calls.
+const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Environment variable that turns [`child_transactional_producer`] on.
+const CHILD_ENV: &str = "EXACTLY_WIRE_CHILD";
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("exactly_kafka_wire=debug,librdkafka=warn")
+        .try_init();
+}
+
+/// A name no other test (or earlier run against an external Kafka) uses.
+fn unique(name: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+/// A broker with a fresh topic.
+struct Fixture {
+    broker: KafkaBroker,
+    topic: String,
+}
+
+impl Fixture {
+    async fn new(name: &str, partitions: i32) -> Fixture {
+        init_tracing();
+        let broker = KafkaBroker::start().expect("start the Kafka broker");
+        let topic = unique(name);
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", broker.bootstrap()).create().unwrap();
+        let results = admin
+            .create_topics(&[NewTopic::new(&topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+            .await
+            .expect("create topic");
+        for result in results {
+            result.expect("create topic");
+        }
+        Fixture { broker, topic }
+    }
+
+    fn bootstrap(&self) -> &str {
+        self.broker.bootstrap()
+    }
+
+    fn producer(&self, settings: &[(&str, &str)]) -> BaseProducer<StatsContext> {
+        producer(self.bootstrap(), settings)
+    }
+}
+
+/// Remembers the `eos` object of librdkafka's latest statistics JSON.
+#[derive(Default)]
+struct StatsContext {
+    eos: Mutex<Option<serde_json::Value>>,
+}
+
+impl ClientContext for StatsContext {
+    fn stats_raw(&self, statistics: &[u8]) {
+        let json: serde_json::Value = serde_json::from_slice(statistics).expect("statistics are JSON");
+        *self.eos.lock().unwrap() = json.get("eos").cloned();
+    }
+}
+
+impl ProducerContext for StatsContext {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        if let Err((error, _)) = result {
+            panic!("delivery failed: {error}");
+        }
+    }
+}
+
+fn producer(bootstrap: &str, settings: &[(&str, &str)]) -> BaseProducer<StatsContext> {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap).set("statistics.interval.ms", "100");
+    for (key, value) in settings {
+        config.set(*key, *value);
+    }
+    config.create_with_context(StatsContext::default()).expect("create producer")
+}
+
+/// Produces `values` round-robin over `partitions` partitions and waits
+/// until they are delivered.
+fn send(producer: &BaseProducer<StatsContext>, topic: &str, partitions: i32, values: &[String]) {
+    for (i, value) in values.iter().enumerate() {
+        let key = format!("key-{value}");
+        let record = BaseRecord::to(topic).key(&key).payload(value).partition(i as i32 % partitions);
+        producer.send(record).map_err(|(e, _)| e).expect("enqueue record");
+    }
+    producer.flush(TXN_TIMEOUT).expect("flush");
+}
+
+fn values(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+fn set(values: &[&[String]]) -> BTreeSet<String> {
+    values.iter().flat_map(|v| v.iter().cloned()).collect()
+}
+
+fn value_set(records: &[CommittedRecord]) -> BTreeSet<String> {
+    records.iter().map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap()).collect()
+}
+
+/// The producer id and epoch librdkafka reports in the `eos` object of its
+/// statistics once InitProducerId has assigned them.
+fn producer_identity(producer: &BaseProducer<StatsContext>) -> (i64, i16, serde_json::Value) {
+    let deadline = Instant::now() + TXN_TIMEOUT;
+    loop {
+        producer.poll(Duration::from_millis(100));
+        let eos = producer.context().eos.lock().unwrap().clone();
+        if let Some(eos) = eos.filter(|eos| eos["idemp_state"] == "Assigned" && eos["producer_id"].as_i64() >= Some(0))
+        {
+            let id = eos["producer_id"].as_i64().unwrap();
+            let epoch = eos["producer_epoch"].as_i64().unwrap() as i16;
+            return (id, epoch, eos);
+        }
+        assert!(Instant::now() < deadline, "librdkafka reported no producer id in its statistics");
+    }
+}
+
+#[tokio::test]
+async fn connection_negotiates_versions() {
+    init_tracing();
+    let broker = KafkaBroker::start().unwrap();
+    let mut connection = KafkaConnection::connect(broker.bootstrap()).await.unwrap();
+    let apis: Vec<String> = connection
+        .advertised_apis()
+        .filter_map(|(key, range)| Some(format!("{:?} {range}", ApiKey::try_from(key).ok()?)))
+        .collect();
+    println!("broker advertises: {}", apis.join(", "));
+    for api in [ApiKey::Metadata, ApiKey::FindCoordinator, ApiKey::Fetch, ApiKey::EndTxn] {
+        assert!(connection.broker_versions(api).is_some(), "{api:?} not advertised");
+    }
+
+    // Flexible (v9+) and non-flexible versions both round-trip.
+    let client = VersionRange { min: 1, max: 13 };
+    let (version, metadata) = connection.negotiated_request(client, &MetadataRequest::default()).await.unwrap();
+    assert!(version >= 9, "Metadata v{version}");
+    assert!(!metadata.brokers.is_empty());
+    let old = connection.request(1, &MetadataRequest::default()).await.unwrap();
+    assert_eq!(old.brokers.len(), metadata.brokers.len());
+
+    let none = VersionRange { min: 100, max: 101 };
+    let err = connection.version(ApiKey::Fetch, none).unwrap_err();
+    assert!(matches!(err, WireError::ApiNotSupported { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn unreachable_and_tls_configs_are_clear_errors() {
+    let port = exactly_testkit::free_port().unwrap();
+    let err = read_committed(&format!("127.0.0.1:{port}"), "t").await.unwrap_err();
+    assert!(matches!(err, WireError::NoBrokerReachable { .. }), "{err}");
+    assert!(err.is_retriable());
+
+    let err = end_txn("SASL_SSL://broker:9093", "t", 1, 0, true).await.unwrap_err();
+    assert!(matches!(err, WireError::Unsupported { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn read_committed_returns_plain_and_committed_records_only() {
+    let fixture = Fixture::new("wire-read", 2).await;
+    let topic = &fixture.topic;
+
+    let plain = values("plain", 6);
+    let committed = values("committed", 6);
+    let aborted = values("aborted", 6);
+
+    let producer = fixture.producer(&[("enable.idempotence", "false")]);
+    send(&producer, topic, 2, &plain);
+
+    let committer = fixture.producer(&[("transactional.id", &unique("committer"))]);
+    committer.init_transactions(TXN_TIMEOUT).unwrap();
+    committer.begin_transaction().unwrap();
+    send(&committer, topic, 2, &committed);
+    committer.commit_transaction(TXN_TIMEOUT).unwrap();
+
+    let aborter = fixture.producer(&[("transactional.id", &unique("aborter"))]);
+    aborter.init_transactions(TXN_TIMEOUT).unwrap();
+    aborter.begin_transaction().unwrap();
+    send(&aborter, topic, 2, &aborted);
+    aborter.abort_transaction(TXN_TIMEOUT).unwrap();
+
+    let (committer_id, _, _) = producer_identity(&committer);
+    let read = WireClient::new(fixture.bootstrap()).unwrap().read_topic(topic).await.unwrap();
+    assert_eq!(value_set(&read.records), set(&[&plain, &committed]));
+    assert_eq!(read.records.len(), plain.len() + committed.len(), "no duplicates");
+    assert_eq!(read.aborted_records, aborted.len());
+    assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
+    for record in &read.records {
+        let value = String::from_utf8(record.value.clone().unwrap()).unwrap();
+        assert_eq!(record.topic, *topic);
+        assert_eq!(record.key.as_deref(), Some(format!("key-{value}").as_bytes()));
+        if value.starts_with("plain") {
+            assert_eq!(record.producer_id, -1, "{value}");
+        } else {
+            assert_eq!(record.producer_id, committer_id, "{value}");
+        }
+    }
+    assert_eq!(read.records.iter().map(|r| r.partition).collect::<BTreeSet<_>>(), BTreeSet::from([0, 1]));
+    let mut sorted = read.records.clone();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    assert_eq!(sorted, read.records, "ordered by partition, then offset");
+
+    // The free function agrees.
+    assert_eq!(read_committed(fixture.bootstrap(), topic).await.unwrap(), read.records);
+}
+
+#[tokio::test]
+async fn finds_the_transaction_coordinator() {
+    init_tracing();
+    let broker = KafkaBroker::start().unwrap();
+    let coordinator = find_transaction_coordinator(broker.bootstrap(), &unique("txn")).await.unwrap();
+    if !broker.is_external() {
+        assert_eq!(coordinator, broker.bootstrap());
+    }
+}
+
+#[tokio::test]
+async fn end_txn_of_an_unknown_transactional_id_is_refused() {
+    init_tracing();
+    let broker = KafkaBroker::start().unwrap();
+    let outcome = end_txn(broker.bootstrap(), &unique("never-initialised"), 4242, 0, true).await.unwrap();
+    println!("EndTxn for an unknown transactional id: {outcome:?}");
+    assert_ne!(outcome, EndTxnOutcome::Ok);
+}
+
+/// A librdkafka transactional producer in a child process of this test
+/// binary: it begins a transaction, produces, flushes, prints its producer
+/// id and epoch from librdkafka's statistics, and waits to be killed.
+struct CrashedProducer {
+    child: Child,
+    transactional_id: String,
+    producer_id: i64,
+    producer_epoch: i16,
+}
+
+impl CrashedProducer {
+    /// Starts the child and waits for its producer id and epoch.
+    fn start(bootstrap: &str, topic: &str, values: &[String]) -> CrashedProducer {
+        let transactional_id = unique("crashing");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_transactional_producer", "--ignored", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, format!("{bootstrap}\n{topic}\n{transactional_id}\n{}", values.join(",")))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the child producer");
+        let stdout = child.stdout.take().unwrap();
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let deadline = Instant::now() + TXN_TIMEOUT;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let line = received.recv_timeout(wait).expect("the child printed no producer id");
+            if let Some(rest) = line.strip_prefix("PRODUCER ") {
+                let mut parts = rest.split_whitespace();
+                let producer_id = parts.next().unwrap().parse().unwrap();
+                let producer_epoch = parts.next().unwrap().parse().unwrap();
+                println!("child: {line}");
+                return CrashedProducer { child, transactional_id, producer_id, producer_epoch };
+            }
+            println!("child: {line}");
+        }
+    }
+
+    /// SIGKILL, like a crash: no commit, no abort, no goodbye.
+    fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL the child");
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for CrashedProducer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Not a test: the body of [`CrashedProducer`]'s child process.
+#[test]
+#[ignore = "helper: run as a child process by the crash tests"]
+fn child_transactional_producer() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let [bootstrap, topic, transactional_id, values]: [&str; 4] =
+        spec.lines().collect::<Vec<_>>().try_into().expect("four lines");
+    let values: Vec<String> = values.split(',').map(str::to_string).collect();
+    let producer = producer(bootstrap, &[("transactional.id", transactional_id)]);
+    producer.init_transactions(TXN_TIMEOUT).unwrap();
+    producer.begin_transaction().unwrap();
+    send(&producer, topic, 1, &values);
+    let (id, epoch, eos) = producer_identity(&producer);
+    println!("EOS {eos}");
+    println!("PRODUCER {id} {epoch}");
+    std::thread::sleep(Duration::from_secs(600));
+    unreachable!("the parent kills this process");
+}
+
+#[tokio::test]
+async fn end_txn_commits_the_transaction_of_a_killed_producer() {
+    let fixture = Fixture::new("wire-crash", 1).await;
+    let topic = &fixture.topic;
+    let before = values("before", 3);
+    let pending = values("pending", 5);
+
+    let plain = fixture.producer(&[]);
+    send(&plain, topic, 1, &before);
+
+    let mut crashed = CrashedProducer::start(fixture.bootstrap(), topic, &pending);
+    crashed.kill();
+
+    let client = WireClient::new(fixture.bootstrap()).unwrap();
+    let read = client.read_topic(topic).await.unwrap();
+    assert_eq!(value_set(&read.records), set(&[&before]), "the open transaction is invisible");
+    assert_eq!(read.open_transactions.len(), 1, "{:?}", read.open_transactions);
+    let open = &read.open_transactions[0];
+    assert_eq!((open.producer_id, open.records), (crashed.producer_id, pending.len()));
+    assert_eq!(open.producer_epoch, crashed.producer_epoch);
+
+    let outcome = end_txn(fixture.bootstrap(), &crashed.transactional_id, crashed.producer_id, crashed.producer_epoch, true)
+        .await
+        .unwrap();
+    assert_eq!(outcome, EndTxnOutcome::Ok);
+
+    let read = client.read_topic(topic).await.unwrap();
+    assert_eq!(value_set(&read.records), set(&[&before, &pending]));
+    assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
+    assert!(read.records.iter().filter(|r| r.producer_id == crashed.producer_id).count() == pending.len());
+
+    // Committing again (a retried commit after a lost answer) must not lose
+    // anything; Kafka answers Ok for the same producer id and epoch.
+    let again = client
+        .end_txn(&crashed.transactional_id, crashed.producer_id, crashed.producer_epoch, true)
+        .await
+        .unwrap();
+    println!("second commit: {again:?}");
+    assert!(matches!(again, EndTxnOutcome::Ok | EndTxnOutcome::InvalidTxnState), "{again:?}");
+    assert_eq!(value_set(&client.read_committed(topic).await.unwrap()), set(&[&before, &pending]));
+}
+
+#[tokio::test]
+async fn end_txn_with_a_fenced_epoch_is_producer_fenced() {
+    let fixture = Fixture::new("wire-fenced", 1).await;
+    let topic = &fixture.topic;
+    let pending = values("pending", 4);
+
+    let mut crashed = CrashedProducer::start(fixture.bootstrap(), topic, &pending);
+    crashed.kill();
+
+    // A new producer with the same transactional id: InitProducerId bumps
+    // the epoch and aborts the open transaction.
+    let successor = fixture.producer(&[("transactional.id", &crashed.transactional_id)]);
+    successor.init_transactions(TXN_TIMEOUT).unwrap();
+    let (successor_id, successor_epoch, _) = producer_identity(&successor);
+    println!(
+        "crashed producer {}/{}, successor {successor_id}/{successor_epoch}",
+        crashed.producer_id, crashed.producer_epoch
+    );
+
+    let outcome = end_txn(fixture.bootstrap(), &crashed.transactional_id, crashed.producer_id, crashed.producer_epoch, true)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            EndTxnOutcome::ProducerFenced(ResponseError::ProducerFenced | ResponseError::InvalidProducerEpoch)
+        ),
+        "{outcome:?}"
+    );
+    let read = WireClient::new(fixture.bootstrap()).unwrap().read_topic(topic).await.unwrap();
+    assert!(read.records.is_empty(), "the fenced transaction stays invisible: {:?}", read.records);
+}
+
+#[tokio::test]
+async fn describes_the_transaction_timeout_limit() {
+    init_tracing();
+    let broker = KafkaBroker::start().unwrap();
+    let value = describe_broker_config(broker.bootstrap(), "transaction.max.timeout.ms").await.unwrap();
+    println!("transaction.max.timeout.ms = {value:?}");
+    let millis: u64 = value.expect("the broker reports transaction.max.timeout.ms").parse().unwrap();
+    assert!(millis > 0);
+}
