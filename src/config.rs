@@ -111,6 +111,8 @@ pub struct RestartSection {
 pub enum SourceSection {
     /// Deterministic generated records (tests, demos).
     Sequence(SequenceSection),
+    /// A Kafka topic.
+    Kafka(exactly_kafka::KafkaSourceConfig),
 }
 
 /// `[source.sequence]`.
@@ -135,6 +137,8 @@ pub enum SinkSection {
     File(FileSection),
     /// Redis through an idempotent-sink strategy.
     Redis(exactly_redis::RedisSinkConfig),
+    /// A PostgreSQL table.
+    Postgres(exactly_postgres::PostgresSinkConfig),
 }
 
 /// `[sink.file]`.
@@ -217,6 +221,7 @@ impl PipelineFile {
                     fix(d)
                 }
             }
+            SinkSection::Postgres(_) => {}
         }
     }
 
@@ -253,9 +258,33 @@ impl PipelineFile {
         }
         match &self.source {
             SourceSection::Sequence(s) if s.splits == 0 || s.records_per_split < 0 => {
-                invalid("source.sequence", "needs splits >= 1 and records_per_split >= 0")
+                return invalid("source.sequence", "needs splits >= 1 and records_per_split >= 0");
             }
-            _ => Ok(()),
+            SourceSection::Kafka(k) => {
+                if let Err(e) = k.validate() {
+                    return Err(ConfigError::Invalid {
+                        path: origin.to_string(),
+                        key: format!("source.kafka.{}", e.key),
+                        problem: e.problem,
+                    });
+                }
+            }
+            SourceSection::Sequence(_) => {}
+        }
+        match &self.sink {
+            SinkSection::Postgres(p) => p.validate().map_err(|e| ConfigError::Invalid {
+                path: origin.to_string(),
+                key: "sink.postgres".into(),
+                problem: e.to_string(),
+            }),
+            SinkSection::Redis(r) => exactly_redis::RedisSinkFactory::new(r.clone())
+                .map(|_| ())
+                .map_err(|e| ConfigError::Invalid {
+                    path: origin.to_string(),
+                    key: "sink.redis".into(),
+                    problem: e.to_string(),
+                }),
+            SinkSection::File(_) => Ok(()),
         }
     }
 
@@ -311,6 +340,10 @@ impl PipelineFile {
                 batch: s.batch.unwrap_or(100),
                 delay_per_poll: s.delay_per_poll.map_or(Duration::ZERO, |d| d.0),
             }),
+            SourceSection::Kafka(k) => Arc::new(
+                exactly_kafka::KafkaSourceFactory::new(&self.name, k.clone())
+                    .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
+            ),
         };
         let sink: Arc<dyn SinkFactory> = match &self.sink {
             SinkSection::File(f) => Arc::new(FileSinkFactory {
@@ -320,6 +353,10 @@ impl PipelineFile {
             SinkSection::Redis(r) => exactly_redis::RedisSinkFactory::new(r.clone())
                 .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?
                 .into_sink_factory(),
+            SinkSection::Postgres(p) => Arc::new(
+                exactly_postgres::PostgresSinkFactory::new(p.clone())
+                    .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
+            ),
         };
         Pipeline::new(self.pipeline_config(), source, sink, Arc::new(self.store()))
     }

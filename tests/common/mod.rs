@@ -85,3 +85,40 @@ pub fn crash_then_finish(config: &Path, points: &[&str]) {
     }
     run_to_completion(config);
 }
+
+/// Runs `exactly run` in the background.
+pub fn spawn(config: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_exactly"))
+        .arg("run")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .env_remove("EXACTLY_CRASH_AT")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the exactly binary")
+}
+
+/// Waits for a background run (at most `timeout`) and returns its status, stdout, stderr.
+pub fn wait(mut child: std::process::Child, timeout: std::time::Duration) -> (ExitStatus, String, String) {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(_status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            return (
+                out.status,
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the pipeline did not finish within {timeout:?}:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -79,6 +79,12 @@ pub struct KafkaSourceConfig {
     /// unreachable (a transient error, so the runtime retries).
     #[serde(default = "default_startup_timeout", deserialize_with = "de_duration")]
     pub startup_timeout: Duration,
+    /// Bounded run: finish once every partition owned at start is read up to the
+    /// end it had when the run started (backfills, tests, benchmarks). The
+    /// pipeline then takes a last checkpoint, commits it and exits. A restarted
+    /// run reads up to the end it finds then.
+    #[serde(default)]
+    pub stop_at_end: bool,
     /// Extra librdkafka consumer settings (`"fetch.max.bytes" = "1048576"`);
     /// strings, numbers and booleans are accepted. Settings the source owns are
     /// rejected by [`validate`](Self::validate).
@@ -271,6 +277,7 @@ impl KafkaSourceConfig {
             group_id: None,
             commit_offsets_to_group: true,
             partition_discovery_interval: DEFAULT_PARTITION_DISCOVERY_INTERVAL,
+            stop_at_end: false,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             properties: BTreeMap::new(),
         }

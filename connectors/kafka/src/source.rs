@@ -124,6 +124,7 @@ impl KafkaSourceFactory {
             discovery: None,
             progress: Mutex::default(),
             committer: Arc::default(),
+            end: None,
         })
     }
 }
@@ -164,9 +165,26 @@ struct KafkaSource {
     discovery: Option<JoinHandle<Result<Discovered, KafkaError>>>,
     progress: Mutex<Progress>,
     committer: Arc<GroupCommitter>,
+    /// With `stop_at_end`: the high watermark of every owned partition at start.
+    end: Option<BTreeMap<i32, i64>>,
 }
 
 impl KafkaSource {
+    /// With `stop_at_end`: every owned partition is read up to its end. Control
+    /// records (transaction markers) are never delivered, so the consumer's own
+    /// position, which moves past them, counts too.
+    fn reached_end(&self, consumer: &KafkaConsumer) -> bool {
+        let Some(end) = &self.end else { return false };
+        let fetched = consumer.position().ok();
+        end.iter().all(|(p, end)| {
+            self.next.get(p).is_some_and(|n| n >= end)
+                || fetched.as_ref().is_some_and(|list| {
+                    list.find_partition(self.settings.topic(), *p)
+                        .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *end))
+                })
+        })
+    }
+
     fn consumer(&self) -> Result<Arc<KafkaConsumer>, ConnectorError> {
         self.consumer
             .clone()
@@ -253,11 +271,30 @@ impl Source for KafkaSource {
         self.next = opened.next;
         self.known = opened.partitions;
         self.next_discovery = Instant::now() + self.settings.config.partition_discovery_interval;
+        if self.settings.config.stop_at_end {
+            let consumer = self.consumer()?;
+            let settings = self.settings.clone();
+            let owned: Vec<i32> = self.next.keys().copied().collect();
+            let end = tokio::task::spawn_blocking(move || {
+                owned
+                    .into_iter()
+                    .map(|p| Ok((p, consumer.fetch_watermarks(settings.topic(), p, REQUEST_TIMEOUT)?.1)))
+                    .collect::<Result<BTreeMap<i32, i64>, KafkaError>>()
+            })
+            .await
+            .map_err(|e| ConnectorError::fatal(self.settings.context(), format!("restore panicked: {e}")))?
+            .map_err(|e| ConnectorError::transient(self.settings.context(), format!("reading the end offsets: {e}")))?;
+            tracing::info!(source = %self.settings.label, subtask = self.subtask, ?end, "bounded run: reading up to these offsets");
+            self.end = Some(end);
+        }
         Ok(())
     }
 
     async fn poll(&mut self, max_records: usize) -> Result<Poll, ConnectorError> {
         let consumer = self.consumer()?;
+        if self.reached_end(&consumer) {
+            return Ok(Poll::Finished);
+        }
         self.discover(&consumer).await?;
         let settings = self.settings.clone();
         let fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, max_records.max(1)))

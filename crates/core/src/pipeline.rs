@@ -657,7 +657,11 @@ struct SinkTask {
 }
 
 impl SinkTask {
-    async fn run(mut self, mut inputs: Vec<mpsc::Receiver<Msg>>, mut control: mpsc::UnboundedReceiver<(CheckpointId, Instant)>) {
+    async fn run(
+        mut self,
+        mut inputs: Vec<mpsc::Receiver<Msg>>,
+        mut control: mpsc::UnboundedReceiver<(CheckpointId, Instant)>,
+    ) {
         let result = async {
             loop {
                 tokio::select! {

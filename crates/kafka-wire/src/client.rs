@@ -4,14 +4,15 @@
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::{ApiKey, DescribeConfigsRequest};
 use kafka_protocol::protocol::{StrBytes, VersionRange};
-use tracing::debug;
+use kafka_protocol::ResponseError;
+use tracing::{debug, warn};
 
 use crate::cluster::{connect_any, metadata, transaction_coordinator};
 use crate::config::WireConfig;
 use crate::connection::{versions, KafkaConnection};
 use crate::error::WireError;
-use crate::reader::{self, TopicRead};
-use crate::records::CommittedRecord;
+use crate::reader;
+use crate::records::{CommittedRead, CommittedRecord};
 use crate::txn::{end_txn_on, EndTxnOutcome};
 
 /// DescribeConfigs versions spoken (kafka-protocol implements v1 to v4; v4
@@ -31,7 +32,9 @@ pub struct WireClient {
 impl WireClient {
     /// A client for the brokers `bootstrap` (`HOST:PORT[,HOST:PORT...]`).
     pub fn new(bootstrap: &str) -> Result<WireClient, WireError> {
-        Ok(WireClient { config: WireConfig::new(bootstrap)? })
+        Ok(WireClient {
+            config: WireConfig::new(bootstrap)?,
+        })
     }
 
     /// A client with explicit settings (see
@@ -66,6 +69,16 @@ impl WireClient {
     /// or COORDINATOR_LOAD_IN_PROGRESS) is [`EndTxnOutcome::Retriable`] too.
     /// `Err` means the question could not be asked (no broker reachable,
     /// EndTxn not supported, ...).
+    ///
+    /// Committing twice with the same producer id and epoch is `Ok` both
+    /// times (Kafka and Nisshi agree), so a retry after a lost answer is
+    /// safe. Nisshi 0.7.0-pre.2 sends no error codes for EndTxn: where Kafka
+    /// answers PRODUCER_FENCED or INVALID_PRODUCER_ID_MAPPING it closes the
+    /// connection, which surfaces as [`WireError::Closed`] — and a retry
+    /// meets the same. Nisshi also never times out an open transaction,
+    /// whereas Kafka aborts it after the producer's
+    /// `transaction.timeout.ms` (bumping the epoch, so a later commit is
+    /// [`EndTxnOutcome::ProducerFenced`]).
     pub async fn end_txn(
         &self,
         transactional_id: &str,
@@ -95,13 +108,19 @@ impl WireClient {
     /// The value of the broker setting `key` (e.g.
     /// `transaction.max.timeout.ms`) as one broker of the cluster reports it
     /// through DescribeConfigs. `None` when the broker does not offer
-    /// DescribeConfigs, does not know the key, or hides its value
-    /// (sensitive settings).
+    /// DescribeConfigs, answers with an error code for its own resource
+    /// (logged as a warning), does not know the key, or hides its value
+    /// (sensitive settings). Nisshi 0.7.0-pre.2 answers with no entries
+    /// (in-memory storage) or UNKNOWN_TOPIC_OR_PARTITION (SQLite storage):
+    /// `None` both times.
     pub async fn describe_broker_config(&self, key: &str) -> Result<Option<String>, WireError> {
         let mut connection = self.connect().await?;
         let cluster = metadata(&mut connection, None).await?;
         // A broker's configuration is described by that broker itself.
-        let own_id = cluster.brokers.iter().find(|(_, address)| address.as_str() == connection.addr());
+        let own_id = cluster
+            .brokers
+            .iter()
+            .find(|(_, address)| address.as_str() == connection.addr());
         let (node_id, address) = match own_id.or_else(|| cluster.brokers.iter().next()) {
             Some((id, address)) => (*id, address.clone()),
             None => {
@@ -130,12 +149,13 @@ impl WireClient {
         let Some(result) = response.results.into_iter().next() else {
             return Ok(None);
         };
-        let context = format!("broker {node_id} setting `{key}`");
-        let context = match result.error_message {
-            Some(message) => format!("{context}: {message}"),
-            None => context,
-        };
-        WireError::check(connection.addr(), ApiKey::DescribeConfigs, result.error_code, Some(&context))?;
+        if let Some(error) = ResponseError::try_from_code(result.error_code) {
+            // E.g. Nisshi 0.7.0-pre.2 with SQLite storage answers
+            // UNKNOWN_TOPIC_OR_PARTITION for a broker resource.
+            let message = result.error_message.as_deref().unwrap_or_default();
+            warn!(broker = %connection.addr(), node_id, %error, message, "the broker does not describe its configuration");
+            return Ok(None);
+        }
         let value = result
             .configs
             .into_iter()
@@ -157,7 +177,7 @@ impl WireClient {
     /// batches and applies the read_committed contract itself (see
     /// [`CommittedFilter`](crate::CommittedFilter)): unlike a consumer, it
     /// does not rely on the broker's list of aborted transactions.
-    pub async fn read_topic(&self, topic: &str) -> Result<TopicRead, WireError> {
+    pub async fn read_topic(&self, topic: &str) -> Result<CommittedRead, WireError> {
         reader::read_topic(&self.config, topic).await
     }
 }

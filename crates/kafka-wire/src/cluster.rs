@@ -55,7 +55,10 @@ pub(crate) async fn connect_any(config: &WireConfig) -> Result<KafkaConnection, 
         }
     }
     let last = last.expect("a WireConfig has at least one server");
-    Err(WireError::NoBrokerReachable { bootstrap: config.bootstrap().to_string(), last: Box::new(last) })
+    Err(WireError::NoBrokerReachable {
+        bootstrap: config.bootstrap().to_string(),
+        last: Box::new(last),
+    })
 }
 
 /// Metadata of the cluster and, when `topic` is given, of that topic (an
@@ -84,14 +87,22 @@ fn cluster_metadata(addr: &str, topic: Option<&str>, response: MetadataResponse)
         .collect();
     let mut leaders = BTreeMap::new();
     if let Some(wanted) = topic {
-        let found = response.topics.iter().find(|t| t.name.as_ref().is_some_and(|name| name.0.as_str() == wanted));
+        let found = response
+            .topics
+            .iter()
+            .find(|t| t.name.as_ref().is_some_and(|name| name.0.as_str() == wanted));
         let Some(found) = found else {
             return Err(WireError::Protocol {
                 addr: addr.to_string(),
                 message: format!("Metadata answer does not mention topic `{wanted}`"),
             });
         };
-        WireError::check(addr, ApiKey::Metadata, found.error_code, Some(&format!("topic `{wanted}`")))?;
+        WireError::check(
+            addr,
+            ApiKey::Metadata,
+            found.error_code,
+            Some(&format!("topic `{wanted}`")),
+        )?;
         for partition in &found.partitions {
             let context = format!("topic `{wanted}` partition {}", partition.partition_index);
             WireError::check(addr, ApiKey::Metadata, partition.error_code, Some(&context))?;
@@ -129,17 +140,36 @@ pub(crate) async fn transaction_coordinator(
     }
     let response = connection.request(version, &request).await?;
     let (code, message, node_id, host, port) = if version >= 4 {
-        let Some(found) = response.coordinators.into_iter().find(|c| c.key.as_str() == transactional_id) else {
+        let Some(found) = response
+            .coordinators
+            .into_iter()
+            .find(|c| c.key.as_str() == transactional_id)
+        else {
             return Err(WireError::Protocol {
                 addr: connection.addr().to_string(),
                 message: format!("FindCoordinator answer does not mention transactional id `{transactional_id}`"),
             });
         };
-        (found.error_code, found.error_message, found.node_id, found.host, found.port)
+        (
+            found.error_code,
+            found.error_message,
+            found.node_id,
+            found.host,
+            found.port,
+        )
     } else {
-        (response.error_code, response.error_message, response.node_id, response.host, response.port)
+        (
+            response.error_code,
+            response.error_message,
+            response.node_id,
+            response.host,
+            response.port,
+        )
     };
-    let context = format!("transactional id `{transactional_id}`{}", message.map(|m| format!(": {m}")).unwrap_or_default());
+    let context = format!(
+        "transactional id `{transactional_id}`{}",
+        message.map(|m| format!(": {m}")).unwrap_or_default()
+    );
     WireError::check(connection.addr(), api, code, Some(&context))?;
     let BrokerId(node_id) = node_id;
     let announced = format_address(&host, port);

@@ -91,10 +91,14 @@ impl WireConfig {
 
     fn apply(&mut self, key: &str, value: &str) -> Result<(), WireError> {
         let millis = || {
-            value.trim().parse::<u64>().map(Duration::from_millis).map_err(|_| WireError::InvalidConfig {
-                key: key.to_string(),
-                message: format!("`{value}` is not a number of milliseconds"),
-            })
+            value
+                .trim()
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|_| WireError::InvalidConfig {
+                    key: key.to_string(),
+                    message: format!("`{value}` is not a number of milliseconds"),
+                })
         };
         match key {
             "security.protocol" if !value.trim().eq_ignore_ascii_case("plaintext") => {
@@ -195,8 +199,7 @@ mod tests {
             ("socket.connection.setup.timeout.ms", "250"),
             ("compression.type", "lz4"),
         ];
-        let config =
-            WireConfig::from_properties("127.0.0.1:9092", properties.iter().map(|(k, v)| (*k, *v))).unwrap();
+        let config = WireConfig::from_properties("127.0.0.1:9092", properties.iter().map(|(k, v)| (*k, *v))).unwrap();
         assert_eq!(config.options.client_id, "sink-3");
         assert_eq!(config.options.request_timeout, Duration::from_millis(1500));
         assert_eq!(config.options.connect_timeout, Duration::from_millis(250));

@@ -57,7 +57,10 @@ impl KafkaConnection {
     /// Connects to `addr` (`HOST:PORT`) and performs the ApiVersions
     /// handshake.
     pub async fn connect_with(addr: &str, options: &ConnectionOptions) -> Result<KafkaConnection, WireError> {
-        let connect_error = |source| WireError::Connect { addr: addr.to_string(), source };
+        let connect_error = |source| WireError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
         let stream = tokio::time::timeout(options.connect_timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| {
@@ -104,7 +107,12 @@ impl KafkaConnection {
         let broker = self.broker_versions(api);
         match broker.map(|range| range.intersect(&ours)) {
             Some(common) if !common.is_empty() => Ok(common.max),
-            _ => Err(WireError::ApiNotSupported { addr: self.addr.clone(), api, broker, client: ours }),
+            _ => Err(WireError::ApiNotSupported {
+                addr: self.addr.clone(),
+                api,
+                broker,
+                client: ours,
+            }),
         }
     }
 
@@ -146,10 +154,13 @@ impl KafkaConnection {
             .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
         let mut version = API_VERSIONS.max;
         let response = loop {
-            let payload = self.exchange(api, version, &request).await?;
-            let response = decode_body::<ApiVersionsResponse>(&self.addr, api, version, &mut payload.clone())
-                .or_else(|_| decode_body::<ApiVersionsResponse>(&self.addr, api, 0, &mut payload.clone()))?;
-            if response.error_code != ResponseError::UnsupportedVersion.code() {
+            let mut payload = self.exchange(api, version, &request).await?;
+            // The answer starts with its error code in every version; an
+            // UNSUPPORTED_VERSION answer is always in the v0 format.
+            let unsupported = payload.get(..2) == Some(&ResponseError::UnsupportedVersion.code().to_be_bytes()[..]);
+            let decode_version = if unsupported { 0 } else { version };
+            let response = decode_body::<ApiVersionsResponse>(&self.addr, api, decode_version, &mut payload)?;
+            if !unsupported {
                 break response;
             }
             let theirs = response.api_keys.iter().find(|key| key.api_key == api as i16);
@@ -185,17 +196,33 @@ impl KafkaConnection {
         let frame = self.frame(api, version, correlation_id, body)?;
         let response_header_version = R::Response::header_version(version);
         let Some(stream) = self.stream.as_mut() else {
-            let source = io::Error::new(io::ErrorKind::NotConnected, "connection closed after an earlier failure");
-            return Err(WireError::Io { addr: self.addr.clone(), api, source });
+            let source = io::Error::new(
+                io::ErrorKind::NotConnected,
+                "connection closed after an earlier failure",
+            );
+            return Err(WireError::Io {
+                addr: self.addr.clone(),
+                api,
+                source,
+            });
         };
         trace!(broker = %self.addr, ?api, version, correlation_id, ?body, "request");
         let outcome = tokio::time::timeout(self.request_timeout, roundtrip(stream, &frame)).await;
         let result = match outcome {
-            Err(_) => Err(WireError::Timeout { addr: self.addr.clone(), api, after: self.request_timeout }),
-            Ok(Err(source)) if source.kind() == io::ErrorKind::UnexpectedEof => {
-                Err(WireError::Closed { addr: self.addr.clone(), api })
-            }
-            Ok(Err(source)) => Err(WireError::Io { addr: self.addr.clone(), api, source }),
+            Err(_) => Err(WireError::Timeout {
+                addr: self.addr.clone(),
+                api,
+                after: self.request_timeout,
+            }),
+            Ok(Err(source)) if source.kind() == io::ErrorKind::UnexpectedEof => Err(WireError::Closed {
+                addr: self.addr.clone(),
+                api,
+            }),
+            Ok(Err(source)) => Err(WireError::Io {
+                addr: self.addr.clone(),
+                api,
+                source,
+            }),
             Ok(Ok(mut payload)) => {
                 decode_body::<ResponseHeader>(&self.addr, api, response_header_version, &mut payload).and_then(
                     |header| {
@@ -223,7 +250,12 @@ impl KafkaConnection {
     /// Length prefix, request header (version chosen for `api`/`version`)
     /// and body.
     fn frame<R: Request>(&self, api: ApiKey, version: i16, correlation_id: i32, body: &R) -> Result<Bytes, WireError> {
-        let codec_error = |message: String| WireError::Codec { addr: self.addr.clone(), api, version, message };
+        let codec_error = |message: String| WireError::Codec {
+            addr: self.addr.clone(),
+            api,
+            version,
+            message,
+        };
         if version < R::VERSIONS.min || version > R::VERSIONS.max {
             return Err(codec_error(format!("version {version} is outside {}", R::VERSIONS)));
         }
@@ -234,8 +266,11 @@ impl KafkaConnection {
             .with_client_id(Some(self.client_id.clone()));
         let mut frame = BytesMut::with_capacity(256);
         frame.put_i32(0);
-        header.encode(&mut frame, R::header_version(version)).map_err(|e| codec_error(e.to_string()))?;
-        body.encode(&mut frame, version).map_err(|e| codec_error(e.to_string()))?;
+        header
+            .encode(&mut frame, R::header_version(version))
+            .map_err(|e| codec_error(e.to_string()))?;
+        body.encode(&mut frame, version)
+            .map_err(|e| codec_error(e.to_string()))?;
         let length = i32::try_from(frame.len() - 4).map_err(|_| codec_error("request too large".into()))?;
         frame[..4].copy_from_slice(&length.to_be_bytes());
         Ok(frame.freeze())
@@ -270,3 +305,6 @@ fn decode_body<T: Decodable>(addr: &str, api: ApiKey, version: i16, payload: &mu
 pub(crate) fn api_key<R: Request>() -> ApiKey {
     ApiKey::try_from(R::KEY).expect("every kafka-protocol request type has a known API key")
 }
+
+#[cfg(test)]
+mod tests;

@@ -186,12 +186,7 @@ impl WireError {
     }
 
     /// `Err(Broker)` for a non-zero error `code`, `Ok(())` for zero.
-    pub(crate) fn check(
-        addr: &str,
-        api: ApiKey,
-        code: i16,
-        message: Option<&str>,
-    ) -> Result<(), WireError> {
+    pub(crate) fn check(addr: &str, api: ApiKey, code: i16, message: Option<&str>) -> Result<(), WireError> {
         match ResponseError::try_from_code(code) {
             None => Ok(()),
             Some(error) => Err(WireError::Broker {

@@ -48,17 +48,14 @@ pub mod records;
 mod txn;
 
 pub use client::WireClient;
-pub use config::{
-    ConnectionOptions, WireConfig, DEFAULT_CLIENT_ID, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
-};
+pub use config::{ConnectionOptions, WireConfig, DEFAULT_CLIENT_ID, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use connection::KafkaConnection;
 pub use error::WireError;
 /// The `kafka-protocol` crate, whose message types [`KafkaConnection::request`] takes.
 pub use kafka_protocol;
-pub use reader::TopicRead;
 pub use records::{
-    committed_records, decode_batches, CommittedFilter, CommittedRecord, DecodedBatch, OpenTransaction,
-    PartitionRead,
+    committed_records, decode_batches, BatchRecord, CommittedFilter, CommittedRead, CommittedRecord, ControlMarker,
+    DecodedBatch, EndedTransaction, OpenTransaction, RecordHeader,
 };
 pub use txn::EndTxnOutcome;
 
@@ -66,7 +63,9 @@ pub use txn::EndTxnOutcome;
 /// (FindCoordinator with key type 1, the node mapped through Metadata).
 /// See [`WireClient::find_transaction_coordinator`].
 pub async fn find_transaction_coordinator(bootstrap: &str, transactional_id: &str) -> Result<String, WireError> {
-    WireClient::new(bootstrap)?.find_transaction_coordinator(transactional_id).await
+    WireClient::new(bootstrap)?
+        .find_transaction_coordinator(transactional_id)
+        .await
 }
 
 /// Commits or aborts the open transaction of `transactional_id`, as
@@ -79,7 +78,9 @@ pub async fn end_txn(
     producer_epoch: i16,
     commit: bool,
 ) -> Result<EndTxnOutcome, WireError> {
-    WireClient::new(bootstrap)?.end_txn(transactional_id, producer_id, producer_epoch, commit).await
+    WireClient::new(bootstrap)?
+        .end_txn(transactional_id, producer_id, producer_epoch, commit)
+        .await
 }
 
 /// The broker setting `key` (e.g. `transaction.max.timeout.ms`), `None` if

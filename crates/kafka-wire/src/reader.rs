@@ -14,7 +14,7 @@ use crate::cluster::{connect_any, metadata};
 use crate::config::WireConfig;
 use crate::connection::{versions, KafkaConnection};
 use crate::error::WireError;
-use crate::records::{decode_batches, CommittedFilter, CommittedRecord, OpenTransaction};
+use crate::records::{decode_batches, CommittedFilter, CommittedRead};
 
 /// Fetch versions spoken: v4 added isolation levels and the v2 record
 /// format, v12 is the flexible encoding. v13 switched to topic ids.
@@ -30,6 +30,9 @@ const FETCH_MAX_WAIT_MS: i32 = 500;
 /// Isolation level read_uncommitted: every record up to the high watermark,
 /// markers and open transactions included.
 const READ_UNCOMMITTED: i8 = 0;
+/// Byte limit of one Fetch answer (Kafka's consumer default, 50 MiB); the
+/// broker still sends at least one batch when the first one is larger.
+const FETCH_MAX_BYTES: i32 = 50 * 1024 * 1024;
 /// First byte limit per partition and fetch; doubled when a batch does not
 /// fit, up to [`MAX_PARTITION_BYTES`].
 const PARTITION_BYTES: i32 = 1024 * 1024;
@@ -37,17 +40,6 @@ const MAX_PARTITION_BYTES: i32 = 64 * 1024 * 1024;
 /// Fetch answers in a row that may bring no batch before reading a
 /// partition counts as stalled.
 const MAX_EMPTY_FETCHES: u32 = 20;
-
-/// What [`read_topic`](crate::WireClient::read_topic) found in a topic.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TopicRead {
-    /// What a read_committed consumer sees, by partition, then offset.
-    pub records: Vec<CommittedRecord>,
-    /// Transactions without a commit or abort marker yet.
-    pub open_transactions: Vec<OpenTransaction>,
-    /// How many records aborted transactions left in the log.
-    pub aborted_records: usize,
-}
 
 /// A partition being read: the next offset to fetch, where to stop, and
 /// what was read so far.
@@ -65,7 +57,7 @@ struct PartitionState {
 
 /// Reads every partition of `topic` from its log start to its high
 /// watermark (as the first Fetch answer reports it).
-pub(crate) async fn read_topic(config: &WireConfig, topic: &str) -> Result<TopicRead, WireError> {
+pub(crate) async fn read_topic(config: &WireConfig, topic: &str) -> Result<CommittedRead, WireError> {
     let mut bootstrap = connect_any(config).await?;
     let cluster = metadata(&mut bootstrap, Some(topic)).await?;
     let mut by_leader: BTreeMap<String, Vec<i32>> = BTreeMap::new();
@@ -78,7 +70,7 @@ pub(crate) async fn read_topic(config: &WireConfig, topic: &str) -> Result<Topic
         };
         by_leader.entry(address.to_string()).or_default().push(partition);
     }
-    let mut read = TopicRead::default();
+    let mut read = CommittedRead::default();
     let mut bootstrap = Some(bootstrap);
     for (address, partitions) in by_leader {
         let mut leader = match bootstrap.take() {
@@ -99,12 +91,9 @@ pub(crate) async fn read_topic(config: &WireConfig, topic: &str) -> Result<Topic
                 aborted = partition_read.aborted_records,
                 "partition read"
             );
-            read.records.extend(partition_read.records);
-            read.open_transactions.extend(partition_read.open_transactions);
-            read.aborted_records += partition_read.aborted_records;
+            read.merge(partition_read);
         }
     }
-    read.records.sort_by_key(|record| (record.partition, record.offset));
     Ok(read)
 }
 
@@ -152,17 +141,21 @@ async fn read_partitions(
             .with_replica_id(BrokerId(-1))
             .with_max_wait_ms(FETCH_MAX_WAIT_MS)
             .with_min_bytes(1)
-            .with_max_bytes(i32::MAX)
+            .with_max_bytes(FETCH_MAX_BYTES)
             .with_isolation_level(READ_UNCOMMITTED)
             .with_session_id(0)
             .with_session_epoch(-1)
-            .with_topics(vec![FetchTopic::default().with_topic(topic_name(topic)).with_partitions(wanted)]);
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(topic_name(topic))
+                .with_partitions(wanted)]);
         let response = leader.request(version, &request).await?;
         WireError::check(leader.addr(), ApiKey::Fetch, response.error_code, None)?;
         let answered = response.responses.into_iter().filter(|t| t.topic.0.as_str() == topic);
         for data in answered.flat_map(|t| t.partitions) {
             let partition = data.partition_index;
-            let Some(state) = states.get_mut(&partition) else { continue };
+            let Some(state) = states.get_mut(&partition) else {
+                continue;
+            };
             if data.error_code == ResponseError::OffsetOutOfRange.code() && !state.rewound {
                 // The log no longer starts at 0: continue from its start.
                 state.rewound = true;
@@ -176,8 +169,10 @@ async fn read_partitions(
             WireError::check(leader.addr(), ApiKey::Fetch, data.error_code, Some(&context))?;
             let end = *state.end.get_or_insert(data.high_watermark);
             let mut raw = data.records.unwrap_or_default();
-            let batches = decode_batches(&mut raw)
-                .map_err(|message| WireError::Protocol { addr: leader.addr().to_string(), message })?;
+            let batches = decode_batches(&mut raw).map_err(|message| WireError::Protocol {
+                addr: leader.addr().to_string(),
+                message,
+            })?;
             let before = state.next;
             for batch in batches {
                 if batch.last_offset < state.next || batch.base_offset >= end {
@@ -226,7 +221,9 @@ async fn list_offsets(
     let request = ListOffsetsRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_isolation_level(READ_UNCOMMITTED)
-        .with_topics(vec![ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![wanted])]);
+        .with_topics(vec![ListOffsetsTopic::default()
+            .with_name(topic_name(topic))
+            .with_partitions(vec![wanted])]);
     let (_, response) = leader.negotiated_request(LIST_OFFSETS, &request).await?;
     let answer = response
         .topics

@@ -134,15 +134,59 @@ pub struct OpenTransaction {
     pub records: usize,
 }
 
-/// What [`CommittedFilter::finish`] returns for one partition.
+/// A COMMIT or ABORT marker, with what it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndedTransaction {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The producer id.
+    pub producer_id: i64,
+    /// The epoch of the marker: the producer's, or the bumped one when the
+    /// coordinator aborted the transaction itself (fencing, timeout).
+    pub marker_epoch: i16,
+    /// Offset of the marker.
+    pub marker_offset: i64,
+    /// COMMIT (`true`) or ABORT.
+    pub committed: bool,
+    /// Offset of the transaction's first record on the partition; `None`
+    /// when the marker ended no records here.
+    pub first_offset: Option<i64>,
+    /// Number of records it made visible or discarded.
+    pub records: usize,
+}
+
+/// What a read_committed consumer sees of one partition
+/// ([`CommittedFilter::finish`]) or of a whole topic
+/// ([`WireClient::read_topic`](crate::WireClient::read_topic)), and what it
+/// does not see. Everything is ordered by partition, then offset.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PartitionRead {
-    /// The committed and non-transactional records, by offset.
+pub struct CommittedRead {
+    /// The committed and non-transactional records.
     pub records: Vec<CommittedRecord>,
-    /// Transactions without a marker, by producer id.
+    /// Transactions without a COMMIT or ABORT marker yet.
     pub open_transactions: Vec<OpenTransaction>,
+    /// Every COMMIT and ABORT marker: whether a given producer's transaction
+    /// was committed is read here.
+    pub ended_transactions: Vec<EndedTransaction>,
     /// How many records ABORT markers discarded.
     pub aborted_records: usize,
+}
+
+impl CommittedRead {
+    /// Adds `other` (another partition's) and restores the order.
+    pub fn merge(&mut self, other: CommittedRead) {
+        self.records.extend(other.records);
+        self.open_transactions.extend(other.open_transactions);
+        self.ended_transactions.extend(other.ended_transactions);
+        self.aborted_records += other.aborted_records;
+        self.records.sort_by_key(|record| (record.partition, record.offset));
+        self.open_transactions
+            .sort_by_key(|open| (open.partition, open.first_offset));
+        self.ended_transactions
+            .sort_by_key(|ended| (ended.partition, ended.marker_offset));
+    }
 }
 
 /// Applies Kafka's read_committed contract to the batches of one partition,
@@ -152,7 +196,7 @@ pub struct CommittedFilter {
     topic: String,
     partition: i32,
     held: BTreeMap<i64, (OpenTransaction, Vec<CommittedRecord>)>,
-    read: PartitionRead,
+    read: CommittedRead,
 }
 
 impl CommittedFilter {
@@ -162,14 +206,14 @@ impl CommittedFilter {
             topic: topic.to_string(),
             partition,
             held: BTreeMap::new(),
-            read: PartitionRead::default(),
+            read: CommittedRead::default(),
         }
     }
 
     /// Takes the partition's next batch.
     pub fn push(&mut self, batch: DecodedBatch) {
         if let Some(marker) = batch.control {
-            self.mark(batch.producer_id, marker);
+            self.mark(&batch, marker);
             return;
         }
         let records = batch.records.into_iter().map(|record| CommittedRecord {
@@ -203,26 +247,42 @@ impl CommittedFilter {
         held.extend(records);
     }
 
-    fn mark(&mut self, producer_id: i64, marker: ControlMarker) {
-        let released = match marker {
-            ControlMarker::Commit | ControlMarker::Abort => self.held.remove(&producer_id),
-            ControlMarker::Other(_) => None,
+    fn mark(&mut self, batch: &DecodedBatch, marker: ControlMarker) {
+        let committed = match marker {
+            ControlMarker::Commit => true,
+            ControlMarker::Abort => false,
+            ControlMarker::Other(_) => return,
         };
-        if let Some((_, records)) = released {
-            if marker == ControlMarker::Commit {
-                self.read.records.extend(records);
-            } else {
-                self.read.aborted_records += records.len();
-            }
+        let (first_offset, records) = match self.held.remove(&batch.producer_id) {
+            Some((open, records)) => (Some(open.first_offset), records),
+            None => (None, Vec::new()),
+        };
+        self.read.ended_transactions.push(EndedTransaction {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            producer_id: batch.producer_id,
+            marker_epoch: batch.producer_epoch,
+            marker_offset: batch.base_offset,
+            committed,
+            first_offset,
+            records: records.len(),
+        });
+        if committed {
+            self.read.records.extend(records);
+        } else {
+            self.read.aborted_records += records.len();
         }
     }
 
     /// The visible records in offset order, and the transactions still
     /// open.
-    pub fn finish(self) -> PartitionRead {
-        let mut read = self.read;
-        read.records.sort_by_key(|record| record.offset);
-        read.open_transactions = self.held.into_values().map(|(open, _)| open).collect();
+    pub fn finish(self) -> CommittedRead {
+        let open_transactions = self.held.into_values().map(|(open, _)| open).collect();
+        let mut read = CommittedRead::default();
+        read.merge(CommittedRead {
+            open_transactions,
+            ..self.read
+        });
         read
     }
 }
@@ -271,7 +331,9 @@ fn decode_batch(batch: &mut Bytes) -> Result<DecodedBatch, String> {
         ));
     }
     if batch.len() < BATCH_HEADER {
-        return Err(format!("the batch at offset {base_offset} is shorter than a batch header"));
+        return Err(format!(
+            "the batch at offset {base_offset} is shorter than a batch header"
+        ));
     }
     let last_offset_delta = (&batch[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4]).get_i32();
     let info = RecordBatchDecoder::decode_batch_info(&mut batch.clone())
@@ -281,14 +343,22 @@ fn decode_batch(batch: &mut Bytes) -> Result<DecodedBatch, String> {
         .ok_or_else(|| format!("the batch at offset {base_offset} has no header"))?;
     let set = RecordBatchDecoder::decode(batch).map_err(|e| format!("batch at offset {base_offset}: {e}"))?;
     let control = if info.control {
-        let key = set.records.first().and_then(|record| record.key.as_deref()).unwrap_or_default();
+        let key = set
+            .records
+            .first()
+            .and_then(|record| record.key.as_deref())
+            .unwrap_or_default();
         let marker = ControlMarker::from_key(key)
             .ok_or_else(|| format!("the control batch at offset {base_offset} has no valid control key"))?;
         Some(marker)
     } else {
         None
     };
-    let records = if info.control { Vec::new() } else { set.records.into_iter().map(batch_record).collect() };
+    let records = if info.control {
+        Vec::new()
+    } else {
+        set.records.into_iter().map(batch_record).collect()
+    };
     Ok(DecodedBatch {
         base_offset,
         last_offset: base_offset + i64::from(last_offset_delta),
@@ -309,7 +379,10 @@ fn batch_record(record: Record) -> BatchRecord {
         headers: record
             .headers
             .into_iter()
-            .map(|(key, value)| RecordHeader { key: key.to_string(), value: value.map(Vec::from) })
+            .map(|(key, value)| RecordHeader {
+                key: key.to_string(),
+                value: value.map(Vec::from),
+            })
             .collect(),
     }
 }

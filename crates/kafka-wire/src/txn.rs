@@ -141,7 +141,10 @@ mod tests {
             assert_eq!(outcome.code(), code);
             assert_eq!(outcome.is_retriable(), matches!(outcome, EndTxnOutcome::Retriable(_)));
         }
-        assert_eq!(EndTxnOutcome::ProducerFenced(ResponseError::ProducerFenced).to_string(), "ProducerFenced (error code 90)");
+        assert_eq!(
+            EndTxnOutcome::ProducerFenced(ResponseError::ProducerFenced).to_string(),
+            "ProducerFenced (error code 90)"
+        );
         assert_eq!(EndTxnOutcome::Ok.to_string(), "Ok");
     }
 }

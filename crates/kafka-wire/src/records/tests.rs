@@ -18,7 +18,10 @@ fn data(offset: i64, producer_id: i64, transactional: bool, values: &[&str]) -> 
             timestamp: 1_000 + offset,
             key: Some(format!("k{offset}").into_bytes()),
             value: Some(value.as_bytes().to_vec()),
-            headers: vec![RecordHeader { key: "h".into(), value: Some(value.as_bytes().to_vec()) }],
+            headers: vec![RecordHeader {
+                key: "h".into(),
+                value: Some(value.as_bytes().to_vec()),
+            }],
         })
         .collect::<Vec<_>>();
     DecodedBatch {
@@ -49,10 +52,13 @@ fn marker(offset: i64, producer_id: i64, marker: ControlMarker) -> DecodedBatch 
 }
 
 fn values(records: &[CommittedRecord]) -> Vec<String> {
-    records.iter().map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap()).collect()
+    records
+        .iter()
+        .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
+        .collect()
 }
 
-fn read(batches: Vec<DecodedBatch>) -> PartitionRead {
+fn read(batches: Vec<DecodedBatch>) -> CommittedRead {
     let mut filter = CommittedFilter::new("t", 3);
     batches.into_iter().for_each(|batch| filter.push(batch));
     filter.finish()
@@ -60,14 +66,27 @@ fn read(batches: Vec<DecodedBatch>) -> PartitionRead {
 
 #[test]
 fn committed_transaction_is_visible() {
-    let batches = vec![txn(0, 7, &["a", "b"]), txn(2, 7, &["c"]), marker(3, 7, ControlMarker::Commit)];
+    let batches = vec![
+        txn(0, 7, &["a", "b"]),
+        txn(2, 7, &["c"]),
+        marker(3, 7, ControlMarker::Commit),
+    ];
     let records = committed_records("t", 3, batches);
     assert_eq!(values(&records), ["a", "b", "c"]);
     let first = &records[0];
-    assert_eq!((first.topic.as_str(), first.partition, first.offset, first.producer_id), ("t", 3, 0, 7));
+    assert_eq!(
+        (first.topic.as_str(), first.partition, first.offset, first.producer_id),
+        ("t", 3, 0, 7)
+    );
     assert_eq!(first.key.as_deref(), Some(&b"k0"[..]));
     assert_eq!(first.timestamp, 1_000);
-    assert_eq!(first.headers, [RecordHeader { key: "h".into(), value: Some(b"a".to_vec()) }]);
+    assert_eq!(
+        first.headers,
+        [RecordHeader {
+            key: "h".into(),
+            value: Some(b"a".to_vec())
+        }]
+    );
 }
 
 #[test]
@@ -80,7 +99,11 @@ fn aborted_transaction_is_discarded() {
 
 #[test]
 fn open_transaction_is_held_back() {
-    let read = read(vec![data(0, PLAIN, false, &["p"]), txn(1, 7, &["a"]), txn(2, 7, &["b"])]);
+    let read = read(vec![
+        data(0, PLAIN, false, &["p"]),
+        txn(1, 7, &["a"]),
+        txn(2, 7, &["b"]),
+    ]);
     assert_eq!(values(&read.records), ["p"]);
     let open = OpenTransaction {
         topic: "t".into(),
@@ -109,6 +132,12 @@ fn interleaved_producers_commit_and_abort_independently() {
     assert_eq!(read.records.iter().map(|r| r.offset).collect::<Vec<_>>(), [1, 3]);
     assert!(read.records.iter().all(|r| r.producer_id == 8));
     assert_eq!(read.aborted_records, 3);
+    let ended: Vec<_> = read
+        .ended_transactions
+        .iter()
+        .map(|e| (e.producer_id, e.committed, e.first_offset, e.records, e.marker_offset))
+        .collect();
+    assert_eq!(ended, [(8, true, Some(1), 2, 4), (7, false, Some(0), 3, 6)]);
 }
 
 #[test]
@@ -124,7 +153,10 @@ fn commit_releases_in_offset_order_among_plain_records() {
     ];
     let records = committed_records("t", 3, batches);
     assert_eq!(values(&records), ["p0", "t1", "p2", "idempotent3", "t4", "p6"]);
-    assert_eq!(records.iter().map(|r| r.producer_id).collect::<Vec<_>>(), [-1, 7, -1, 42, 7, -1]);
+    assert_eq!(
+        records.iter().map(|r| r.producer_id).collect::<Vec<_>>(),
+        [-1, 7, -1, 42, 7, -1]
+    );
 }
 
 #[test]
@@ -141,6 +173,16 @@ fn control_batches_are_never_returned() {
     assert_eq!(read.aborted_records, 0);
     assert_eq!(read.open_transactions.len(), 1);
     assert_eq!(read.open_transactions[0].producer_id, 7);
+    let ended: Vec<_> = read
+        .ended_transactions
+        .iter()
+        .map(|e| (e.producer_id, e.committed, e.first_offset, e.records))
+        .collect();
+    assert_eq!(
+        ended,
+        [(7, true, None, 0), (7, false, None, 0), (9, true, None, 0)],
+        "Other(_) ends nothing"
+    );
 }
 
 #[test]
@@ -187,13 +229,23 @@ fn wire_record(offset: i64, producer_id: i64, transactional: bool, key: &[u8], v
 }
 
 fn encode(buf: &mut BytesMut, records: &[Record], compression: Compression) {
-    RecordBatchEncoder::encode(buf, records, &RecordEncodeOptions { version: 2, compression }).unwrap();
+    RecordBatchEncoder::encode(
+        buf,
+        records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression,
+        },
+    )
+    .unwrap();
 }
 
 #[test]
 fn decodes_fetched_batches() {
     let mut plain = wire_record(0, -1, false, b"k0", Some(b"plain"));
-    plain.headers.insert(StrBytes::from_static_str("trace"), Some(Bytes::from_static(b"x")));
+    plain
+        .headers
+        .insert(StrBytes::from_static_str("trace"), Some(Bytes::from_static(b"x")));
     plain.headers.insert(StrBytes::from_static_str("null"), None);
     let txn1 = wire_record(1, 7, true, b"k1", Some(b"t1"));
     let txn2 = wire_record(2, 7, true, b"k2", None);
@@ -217,8 +269,10 @@ fn decodes_fetched_batches() {
     let mut raw = buf.freeze();
     let batches = decode_batches(&mut raw).unwrap();
     assert_eq!(raw.len(), 20, "the partial batch stays in the buffer");
-    let summary: Vec<_> =
-        batches.iter().map(|b| (b.base_offset, b.last_offset, b.producer_id, b.transactional, b.control)).collect();
+    let summary: Vec<_> = batches
+        .iter()
+        .map(|b| (b.base_offset, b.last_offset, b.producer_id, b.transactional, b.control))
+        .collect();
     assert_eq!(
         summary,
         [
@@ -235,8 +289,14 @@ fn decodes_fetched_batches() {
     assert_eq!(
         batches[0].records[0].headers,
         [
-            RecordHeader { key: "trace".into(), value: Some(b"x".to_vec()) },
-            RecordHeader { key: "null".into(), value: None },
+            RecordHeader {
+                key: "trace".into(),
+                value: Some(b"x".to_vec())
+            },
+            RecordHeader {
+                key: "null".into(),
+                value: None
+            },
         ]
     );
     assert!(batches[2].records.is_empty(), "control records are not data");
@@ -249,7 +309,11 @@ fn decodes_fetched_batches() {
 #[test]
 fn refuses_old_message_formats() {
     let mut buf = BytesMut::new();
-    encode(&mut buf, &[wire_record(0, -1, false, b"k", Some(b"v"))], Compression::None);
+    encode(
+        &mut buf,
+        &[wire_record(0, -1, false, b"k", Some(b"v"))],
+        Compression::None,
+    );
     buf[MAGIC_AT] = 1;
     let err = decode_batches(&mut buf.freeze()).unwrap_err();
     assert!(err.contains("message format v1"), "{err}");
