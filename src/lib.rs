@@ -8,6 +8,9 @@ pub mod config;
 
 pub use exactly_core as core;
 pub use exactly_file as file;
+pub use exactly_kafka as kafka;
+pub use exactly_postgres as postgres;
+pub use exactly_redis as redis;
 
 pub use exactly_core::{
     CheckpointConfig, CheckpointId, ConnectorError, Guarantee, Pipeline, PipelineConfig, Record, RestartStrategy,

@@ -1,7 +1,6 @@
 //! The `exactly` command: run a pipeline from a TOML file, inspect its
 //! checkpoints, or run the self-verifying demo.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -114,81 +113,140 @@ fn list_checkpoints(file: &Path) -> Result<()> {
     Ok(())
 }
 
+const DEMO_ORDERS: i64 = 50_000;
+const DEMO_PARTITIONS: i32 = 4;
+
 fn demo(dir: Option<PathBuf>) -> Result<()> {
-    let _tmp;
+    let tmp;
     let dir = match dir {
         Some(d) => {
             std::fs::create_dir_all(&d)?;
             d
         }
         None => {
-            _tmp = tempfile_dir()?;
-            _tmp.clone()
+            tmp = tempfile::tempdir()?;
+            tmp.path().to_path_buf()
         }
     };
-    let (splits, per_split) = (4usize, 5_000i64);
-    let file = dir.join("demo.toml");
+    println!("exactly demo: Kafka -> PostgreSQL, exactly once across a SIGKILL");
+    println!("0. starting services (test kit): a Kafka-compatible broker (Nisshi) and a throwaway PostgreSQL");
+    let kafka = exactly_testkit::KafkaBroker::start_persistent(dir.join("broker"))?;
+    let postgres = exactly_testkit::PostgresServer::start()?;
+    println!("   broker {}  postgres {}", kafka.bootstrap(), postgres.url());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+
+    println!("1. producing {DEMO_ORDERS} orders into topic `orders` ({DEMO_PARTITIONS} partitions)");
+    runtime.block_on(async {
+        let admin = exactly::kafka::admin::KafkaAdmin::new(kafka.bootstrap());
+        admin.create_topic("orders", DEMO_PARTITIONS).await?;
+        let orders = (0..DEMO_ORDERS).map(|id| {
+            exactly::kafka::admin::ProduceRecord::new(format!(
+                r#"{{"id":{id},"customer":"c{}","amount":{}.{:02}}}"#,
+                id % 1000,
+                id % 500,
+                id % 100
+            ))
+            .with_key(id.to_string())
+        });
+        admin.produce("orders", orders).await?;
+        anyhow::Ok(())
+    })?;
+
+    let file = dir.join("orders-to-pg.toml");
     std::fs::write(
         &file,
         format!(
-            r#"name = "demo"
+            r#"name = "orders-to-pg"
 guarantee = "exactly-once"
 parallelism = 2
+batch_size = 100
+
 [checkpoint]
 dir = "checkpoints"
-interval = "200ms"
-[source.sequence]
-splits = {splits}
-records_per_split = {per_split}
-batch = 50
-delay_per_poll = "2ms"
-[sink.file]
-dir = "out"
-"#
+interval = "50ms"
+
+[source.kafka]
+bootstrap = "{bootstrap}"
+topic = "orders"
+start = "earliest"
+stop_at_end = true
+
+[sink.postgres]
+url = "{url}"
+table = "orders"
+create_table = true
+
+[sink.postgres.columns]
+part = {{ from = "partition", type = "int" }}
+off = {{ from = "offset", type = "bigint" }}
+id = {{ from = "/id", type = "bigint" }}
+payload = {{ from = "value", type = "jsonb" }}
+"#,
+            bootstrap = kafka.bootstrap(),
+            url = postgres.url()
         ),
     )?;
     let exe = std::env::current_exe()?;
-    println!("demo folder: {}", dir.display());
-    println!("1. running the pipeline; it will be killed with SIGKILL right after checkpoint 5 is persisted, before any sink commits it");
+    let config = file.to_str().context("non-UTF-8 path")?;
+    println!("2. running {config}");
+    println!("   it kills itself with SIGKILL right after its second checkpoint is persisted, before COMMIT PREPARED");
     let status = Command::new(&exe)
-        .args(["run", file.to_str().context("non-UTF-8 path")?])
-        .env("EXACTLY_CRASH_AT", "coordinator.after_persist:5")
+        .args(["run", config])
+        .env("EXACTLY_CRASH_AT", "coordinator.after_persist:2")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
         .status()?;
     use std::os::unix::process::ExitStatusExt;
-    println!("   first run ended by signal {:?}", status.signal());
-    println!("2. restarting from the latest checkpoint");
-    let status = Command::new(&exe).args(["run", file.to_str().unwrap()]).status()?;
+    if status.signal() != Some(9) {
+        bail!("the first run was supposed to be killed mid-stream; it ended with {status}");
+    }
+    let (rows_after_crash, prepared) = runtime.block_on(count_rows(postgres.url()))?;
+    println!("   killed by SIGKILL: {rows_after_crash} rows committed, {prepared} prepared transactions pending");
+    println!("3. restarting: recovery commits what that checkpoint recorded, rolls back the rest, resumes");
+    let status = Command::new(&exe)
+        .args(["run", config])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .status()?;
     if !status.success() {
         bail!("the restarted pipeline failed: {status}");
     }
-    let lines = exactly::file::read_committed_lines(&dir.join("out"))?;
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for l in &lines {
-        *counts.entry(l.as_str()).or_default() += 1;
-    }
-    let expected = exactly::core::SequenceSourceFactory {
-        splits,
-        records_per_split: per_split,
-        batch: 0,
-        delay_per_poll: Default::default(),
-    }
-    .expected_values();
-    let missing = expected.iter().filter(|v| !counts.contains_key(v.as_str())).count();
-    let duplicates: usize = counts.values().map(|c| c.saturating_sub(1)).sum();
-    println!("3. verification");
-    println!("   produced   {}", expected.len());
-    println!("   in output  {}", lines.len());
-    println!("   duplicates {duplicates}");
-    println!("   missing    {missing}");
-    if duplicates != 0 || missing != 0 || lines.len() != expected.len() {
+    let (rows, distinct, missing) = runtime.block_on(verify(postgres.url()))?;
+    println!("4. verification");
+    println!("   produced        {DEMO_ORDERS}");
+    println!("   rows in table   {rows}");
+    println!("   duplicates      {}", rows - distinct);
+    println!("   missing         {missing}");
+    if rows != DEMO_ORDERS || distinct != DEMO_ORDERS || missing != 0 {
         bail!("exactly-once violated");
     }
     println!("exactly once: OK");
     Ok(())
 }
 
-fn tempfile_dir() -> Result<PathBuf> {
-    let d = std::env::temp_dir().join(format!("exactly-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
+async fn connect(url: &str) -> Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+async fn count_rows(url: &str) -> Result<(i64, i64)> {
+    let client = connect(url).await?;
+    let rows = client.query_one("SELECT count(*) FROM orders", &[]).await?.get(0);
+    let prepared = client.query_one("SELECT count(*) FROM pg_prepared_xacts", &[]).await?.get(0);
+    Ok((rows, prepared))
+}
+
+/// (rows, distinct partition/offset pairs, ids missing).
+async fn verify(url: &str) -> Result<(i64, i64, i64)> {
+    let client = connect(url).await?;
+    let row = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT (part, off)), \
+             (SELECT count(*) FROM generate_series(0, $1::bigint - 1) g WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = g)) \
+             FROM orders",
+            &[&DEMO_ORDERS],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1), row.get(2)))
 }
