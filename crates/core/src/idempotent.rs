@@ -350,37 +350,19 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
 /// increments. The fence scope is `<pipeline>/<sink identity>`.
 pub struct Fenced<F>(pub F);
 
-struct FencedAdapterSink<S> {
+/// A fenced sink seen as an idempotent one: its writes are fenced in `scope`,
+/// which makes replays harmless, so the replay-safe driver fits.
+struct ScopedFence<S> {
     sink: S,
     scope: String,
-    context: SinkContext,
-}
-
-impl<F: FencedSinkFactory> SinkFactory for Fenced<F> {
-    fn identity(&self) -> String {
-        format!("fenced({})", self.0.identity())
-    }
-    fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
-        Ok(erase(FencedAdapterSink {
-            sink: self.0.create(&context)?,
-            scope: format!("{}/{}", context.pipeline, self.0.identity()),
-            context,
-        }))
-    }
 }
 
 #[async_trait]
-impl<S: FencedSink> TwoPhaseCommitSink for FencedAdapterSink<S> {
-    type Transaction = ();
-    type Committable = ();
-
-    async fn recover(&mut self, _pending: &[()]) -> Result<(), ConnectorError> {
+impl<S: FencedSink> IdempotentSink for ScopedFence<S> {
+    async fn open(&mut self) -> Result<(), ConnectorError> {
         self.sink.open().await
     }
-    async fn begin(&mut self, _checkpoint: CheckpointId) -> Result<(), ConnectorError> {
-        Ok(())
-    }
-    async fn write(&mut self, _txn: &mut (), batch: &[Record]) -> Result<(), ConnectorError> {
+    async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
         let outcome = self.sink.write_fenced(&self.scope, batch).await?;
         if outcome.skipped > 0 {
             tracing::debug!(
@@ -388,17 +370,25 @@ impl<S: FencedSink> TwoPhaseCommitSink for FencedAdapterSink<S> {
                 "replayed records skipped by the position fence"
             );
         }
-        count(&self.context.metrics, &outcome);
-        Ok(())
+        Ok(outcome)
     }
-    async fn pre_commit(&mut self, _txn: ()) -> Result<(), ConnectorError> {
+    async fn flush(&mut self) -> Result<(), ConnectorError> {
         self.sink.flush().await
     }
-    async fn commit(&mut self, _c: &()) -> Result<(), ConnectorError> {
-        Ok(())
+}
+
+impl<F: FencedSinkFactory> SinkFactory for Fenced<F> {
+    fn identity(&self) -> String {
+        format!("fenced({})", self.0.identity())
     }
-    async fn abort(&mut self, _txn: ()) -> Result<(), ConnectorError> {
-        Ok(())
+    fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
+        Ok(erase(ReplaySafeSink {
+            sink: ScopedFence {
+                sink: self.0.create(&context)?,
+                scope: format!("{}/{}", context.pipeline, self.0.identity()),
+            },
+            context,
+        }))
     }
 }
 
@@ -421,27 +411,25 @@ mod tests {
     #[async_trait]
     impl IdempotentSink for Store {
         async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
-            {
-                let mut out = WriteOutcome::default();
-                let mut values = self.values.lock().unwrap();
-                for r in batch {
-                    match &r.key {
-                        Some(k) => {
-                            values.insert(
-                                String::from_utf8_lossy(k).into(),
-                                String::from_utf8_lossy(&r.value).into(),
-                            );
-                            out.applied += 1;
-                        }
-                        None => out.dead_letters.push(DeadLetter {
-                            split: r.split.clone(),
-                            offset: r.offset,
-                            reason: "no key".into(),
-                        }),
+            let mut out = WriteOutcome::default();
+            let mut values = self.values.lock().unwrap();
+            for r in batch {
+                match &r.key {
+                    Some(k) => {
+                        values.insert(
+                            String::from_utf8_lossy(k).into(),
+                            String::from_utf8_lossy(&r.value).into(),
+                        );
+                        out.applied += 1;
                     }
+                    None => out.dead_letters.push(DeadLetter {
+                        split: r.split.clone(),
+                        offset: r.offset,
+                        reason: "no key".into(),
+                    }),
                 }
-                Ok(out)
             }
+            Ok(out)
         }
     }
 
