@@ -387,6 +387,47 @@ dir = "out"
         assert_eq!(c.guarantee, Guarantee::ExactlyOnce);
     }
 
+    /// The shape the project's documentation promises.
+    #[test]
+    fn the_kafka_to_postgres_example_parses() {
+        let text = r#"
+name = "orders-to-pg"
+guarantee = "exactly-once"
+parallelism = 2
+
+[checkpoint]
+dir = "/var/lib/exactly/checkpoints"
+interval = "1s"
+
+[source.kafka]
+bootstrap = "127.0.0.1:9092"
+topic = "orders"
+start = "earliest"
+
+[sink.postgres]
+url = "postgres://postgres@127.0.0.1:5432/postgres"
+table = "orders"
+create_table = true
+
+[sink.postgres.columns]
+part = { from = "partition", type = "int" }
+off = { from = "offset", type = "bigint" }
+id = { from = "/id", type = "bigint" }
+payload = { from = "value", type = "jsonb" }
+"#;
+        let f = PipelineFile::parse(text, "orders.toml").unwrap();
+        assert!(matches!(f.source, SourceSection::Kafka(_)));
+        assert!(matches!(f.sink, SinkSection::Postgres(_)));
+        let e = PipelineFile::parse(&text.replace("\"bigint\" }\nid", "\"bignum\" }\nid"), "orders.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bignum"), "{e}");
+        let e = PipelineFile::parse(&text.replace("topic = \"orders\"", "topik = \"orders\""), "orders.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("topik"), "{e}");
+    }
+
     #[test]
     fn errors_name_the_key() {
         let e = PipelineFile::parse(&GOOD.replace("interval", "intervall"), "p.toml")

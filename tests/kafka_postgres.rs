@@ -317,3 +317,32 @@ fn max_prepared_transactions_zero_is_refused_with_the_setting_named() {
     assert!(log.contains("max_prepared_transactions"), "{log}");
     assert!(log.contains("ALTER SYSTEM SET max_prepared_transactions"), "{log}");
 }
+
+#[test]
+fn sigterm_takes_a_last_checkpoint_commits_it_and_a_restart_continues_exactly() {
+    let s = services();
+    let topic = "orders-sigterm";
+    let orders = 20_000;
+    produce(s.kafka.bootstrap(), topic, (0..orders).map(order).collect());
+    let dir = tempfile::tempdir().unwrap();
+    let bounded = pipeline_file(dir.path(), "sigterm", "exactly-once", &s, topic, "sigterm");
+    let text = std::fs::read_to_string(&bounded).unwrap();
+    let unbounded = dir.path().join("unbounded.toml");
+    std::fs::write(&unbounded, text.replace("stop_at_end = true", "stop_at_end = false")).unwrap();
+    let child = spawn(&unbounded);
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let (status, _, log) = wait(child, Duration::from_secs(60));
+    assert!(status.success(), "SIGTERM must end the run cleanly:\n{log}");
+    assert!(log.contains("shutdown requested"), "{log}");
+    let state = table_state(s.postgres.url(), "sigterm");
+    assert!(state.rows > 0, "the last checkpoint was committed");
+    assert_eq!(state.rows, state.distinct_positions);
+    let (status, _, log) = wait(spawn(&bounded), Duration::from_secs(120));
+    assert!(status.success(), "{log}");
+    assert_exactly_once(
+        &table_state(s.postgres.url(), "sigterm"),
+        orders,
+        "after SIGTERM and restart",
+    );
+}
