@@ -10,8 +10,10 @@ use serde::{Deserialize, Deserializer};
 
 use crate::sql::QualifiedName;
 
-/// Default name of the commit-log table.
+/// Default name of the commit-log table (mode `two-phase`).
 pub const DEFAULT_COMMIT_LOG_TABLE: &str = "exactly_commit_log";
+/// Default name of the positions table (mode `fenced`).
+pub const DEFAULT_POSITIONS_TABLE: &str = "exactly_positions";
 /// Suffix of the default dead-letter table name (`<table>_dead_letters`).
 pub const DEAD_LETTER_SUFFIX: &str = "_dead_letters";
 /// Suffix of the default upsert staging table name (`<table>_exactly_staging`).
@@ -26,6 +28,7 @@ pub(crate) const RESERVED_COLUMNS: [&str; 2] = ["exactly_gid", "exactly_seq"];
 /// url = "postgres://app:secret@db:5432/shop"
 /// table = "sales.orders"
 /// create_table = true
+/// mode = "upsert"        # or "two-phase" (default) or "fenced"
 /// upsert_key = ["id"]
 ///
 /// [sink.postgres.columns]
@@ -50,27 +53,35 @@ pub struct PostgresSinkConfig {
     pub create_table: bool,
     /// Column name → where its value comes from and its type, in order.
     pub columns: Columns,
-    /// How transactions are made exactly-once. Default `"two-phase"`.
+    /// How writes are made exactly-once: `"two-phase"` (default, needs
+    /// prepared transactions), `"upsert"` or `"fenced"` (see [`SinkMode`]).
     #[serde(default)]
     pub mode: SinkMode,
     /// When set, rows are upserted on these columns (which need a unique index
-    /// or primary key) instead of appended: the last record of a checkpoint
-    /// wins for a key.
+    /// or primary key) instead of appended: the last record wins for a key.
+    /// Required by mode `upsert`.
     #[serde(default)]
     pub upsert_key: Option<Vec<String>>,
     /// Where records that cannot be written go. Default `<table>_dead_letters`
     /// (in the target table's schema). Created when absent.
     #[serde(default)]
     pub dead_letter_table: Option<String>,
-    /// Where every transaction leaves its commit marker. Default
-    /// `exactly_commit_log`. Created when absent; shared by pipelines.
+    /// Mode `two-phase` only: where every transaction leaves its commit
+    /// marker. Default `exactly_commit_log`. Created when absent; shared by
+    /// pipelines.
     #[serde(default)]
     pub commit_log_table: Option<String>,
-    /// Upsert mode only: the table that holds a checkpoint's rows between
-    /// pre-commit and commit. Default `<table>_exactly_staging` (in the target
-    /// table's schema). Created when absent.
+    /// Mode `two-phase` with `upsert_key` only: the table that holds a
+    /// checkpoint's rows between pre-commit and commit. Default
+    /// `<table>_exactly_staging` (in the target table's schema). Created when
+    /// absent.
     #[serde(default)]
     pub staging_table: Option<String>,
+    /// Mode `fenced` only: where the sink keeps, per pipeline, table and
+    /// source split, the highest offset it has written. Default
+    /// `exactly_positions`. Created when absent; shared by pipelines.
+    #[serde(default)]
+    pub positions_table: Option<String>,
 }
 
 impl fmt::Debug for PostgresSinkConfig {
@@ -85,18 +96,29 @@ impl fmt::Debug for PostgresSinkConfig {
             .field("dead_letter_table", &self.dead_letter_table)
             .field("commit_log_table", &self.commit_log_table)
             .field("staging_table", &self.staging_table)
+            .field("positions_table", &self.positions_table)
             .finish()
     }
 }
 
-/// How the sink makes its writes exactly-once.
+/// How the sink makes its writes exactly-once (`mode = "..."`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SinkMode {
-    /// One transaction per checkpoint, `PREPARE TRANSACTION` at pre-commit,
-    /// `COMMIT PREPARED` once the checkpoint is durable.
+    /// `two-phase`: one transaction per checkpoint, `PREPARE TRANSACTION` at
+    /// pre-commit, `COMMIT PREPARED` once the checkpoint is durable. Needs
+    /// `max_prepared_transactions > 0`.
     #[default]
     TwoPhase,
+    /// `upsert`: every batch is upserted at once (`INSERT ... ON CONFLICT
+    /// (upsert_key) DO UPDATE`); a replay after a crash rewrites the same keys.
+    /// Needs `upsert_key`; no prepared transactions.
+    Upsert,
+    /// `fenced`: rows and the source positions they cover commit in one local
+    /// transaction; a replay at or below the stored position of its split is
+    /// dropped. Works for append-only tables without a unique key; no
+    /// prepared transactions.
+    Fenced,
 }
 
 impl SinkMode {
@@ -104,6 +126,8 @@ impl SinkMode {
     pub fn as_str(self) -> &'static str {
         match self {
             SinkMode::TwoPhase => "two-phase",
+            SinkMode::Upsert => "upsert",
+            SinkMode::Fenced => "fenced",
         }
     }
 }
@@ -368,9 +392,14 @@ pub(crate) struct Settings {
     pub columns: Vec<(String, ColumnConfig)>,
     /// Indexes into `columns`.
     pub upsert_key: Option<Vec<usize>>,
+    pub mode: SinkMode,
     pub dead_letters: QualifiedName,
+    /// Mode `two-phase`.
     pub commit_log: QualifiedName,
+    /// Mode `two-phase` with an upsert key.
     pub staging: QualifiedName,
+    /// Mode `fenced`.
+    pub positions: QualifiedName,
 }
 
 impl PostgresSinkConfig {
@@ -386,6 +415,7 @@ impl PostgresSinkConfig {
             dead_letter_table: None,
             commit_log_table: None,
             staging_table: None,
+            positions_table: None,
         }
     }
 
@@ -425,6 +455,7 @@ impl PostgresSinkConfig {
         let table = parse_name("table", &self.table)?;
         let columns = self.checked_columns()?;
         let upsert_key = self.checked_upsert_key(&columns)?;
+        self.check_mode_keys()?;
         let dead_letters = match &self.dead_letter_table {
             Some(name) => parse_name("dead_letter_table", name)?,
             None => table.with_suffix(DEAD_LETTER_SUFFIX),
@@ -437,15 +468,25 @@ impl PostgresSinkConfig {
             Some(name) => parse_name("staging_table", name)?,
             None => table.with_suffix(STAGING_SUFFIX),
         };
-        let names = [
-            ("table", &table),
-            ("dead_letter_table", &dead_letters),
-            ("commit_log_table", &commit_log),
-            ("staging_table", &staging),
-        ];
+        let positions = parse_name(
+            "positions_table",
+            self.positions_table.as_deref().unwrap_or(DEFAULT_POSITIONS_TABLE),
+        )?;
+        // The tables this mode uses must be distinct.
+        let mut names = vec![("table", &table), ("dead_letter_table", &dead_letters)];
+        match self.mode {
+            SinkMode::TwoPhase => {
+                names.push(("commit_log_table", &commit_log));
+                if upsert_key.is_some() {
+                    names.push(("staging_table", &staging));
+                }
+            }
+            SinkMode::Fenced => names.push(("positions_table", &positions)),
+            SinkMode::Upsert => {}
+        }
         for (i, (key, a)) in names.iter().enumerate() {
             for (other, b) in &names[i + 1..] {
-                if a == b && (upsert_key.is_some() || *other != "staging_table") {
+                if a == b {
                     return Err(invalid(
                         other,
                         format!("names the same table as `{key}` ({a})"),
@@ -462,10 +503,45 @@ impl PostgresSinkConfig {
             create_table: self.create_table,
             columns,
             upsert_key,
+            mode: self.mode,
             dead_letters,
             commit_log,
             staging,
+            positions,
         })
+    }
+
+    /// Keys that only some modes use, and the key mode `upsert` needs.
+    fn check_mode_keys(&self) -> Result<(), ConnectorError> {
+        let mode = self.mode.as_str();
+        if self.mode == SinkMode::Upsert && self.upsert_key.is_none() {
+            return Err(invalid(
+                "upsert_key",
+                "mode \"upsert\" needs the columns to upsert on, and none are set",
+                "set upsert_key = [\"id\"] (columns with a unique index or primary key); for an append-only table \
+                 without a unique key use mode = \"fenced\"",
+            ));
+        }
+        let only_in = [
+            ("commit_log_table", self.commit_log_table.is_some(), SinkMode::TwoPhase),
+            // Mode two-phase ignores it without an upsert key, as it always did.
+            (
+                "staging_table",
+                self.staging_table.is_some() && (self.upsert_key.is_some() || self.mode != SinkMode::TwoPhase),
+                SinkMode::TwoPhase,
+            ),
+            ("positions_table", self.positions_table.is_some(), SinkMode::Fenced),
+        ];
+        for (key, set, used_by) in only_in {
+            if set && self.mode != used_by {
+                return Err(invalid(
+                    key,
+                    format!("is used only by mode \"{}\", and mode is \"{mode}\"", used_by.as_str()),
+                    format!("remove `{key}`, or set mode = \"{}\"", used_by.as_str()),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn checked_columns(&self) -> Result<Vec<(String, ColumnConfig)>, ConnectorError> {
@@ -548,8 +624,9 @@ impl PostgresSinkConfig {
     }
 
     /// The settings that affect the sink's state, as part of the pipeline
-    /// fingerprint: `postgres:table=...,columns=...,mode=...` (plus the upsert
-    /// key and commit-log table).
+    /// fingerprint: `postgres:table=...,columns=...,mode=...` plus the upsert
+    /// key, and the commit-log table (mode `two-phase`) or the positions table
+    /// (mode `fenced`).
     pub fn identity(&self) -> String {
         let columns: Vec<String> = self
             .columns
@@ -573,10 +650,17 @@ impl PostgresSinkConfig {
         if let Some(key) = &self.upsert_key {
             identity.push_str(&format!(",upsert_key={}", key.join("+")));
         }
-        identity.push_str(&format!(
-            ",commit_log={}",
-            self.commit_log_table.as_deref().unwrap_or(DEFAULT_COMMIT_LOG_TABLE)
-        ));
+        match self.mode {
+            SinkMode::TwoPhase => identity.push_str(&format!(
+                ",commit_log={}",
+                self.commit_log_table.as_deref().unwrap_or(DEFAULT_COMMIT_LOG_TABLE)
+            )),
+            SinkMode::Fenced => identity.push_str(&format!(
+                ",positions={}",
+                self.positions_table.as_deref().unwrap_or(DEFAULT_POSITIONS_TABLE)
+            )),
+            SinkMode::Upsert => {}
+        }
         identity
     }
 }
@@ -655,8 +739,11 @@ raw = { from = "value", type = "bytea" }
         assert!(parse(&bad_source).unwrap_err().contains("unknown source `idd`"));
         let bad_type = BASE.replace("\"bigint\"", "\"long\"");
         assert!(parse(&bad_type).unwrap_err().contains("long"));
-        let bad_mode = BASE.replace("table = ", "mode = \"upsert\"\ntable = ");
-        assert!(parse(&bad_mode).unwrap_err().contains("two-phase"));
+        let bad_mode = BASE.replace("table = ", "mode = \"upsrt\"\ntable = ");
+        let message = parse(&bad_mode).unwrap_err();
+        for mode in ["two-phase", "upsert", "fenced"] {
+            assert!(message.contains(mode), "{message}");
+        }
         let column_key = BASE.replace("required = false", "requried = false");
         assert!(parse(&column_key).unwrap_err().contains("requried"));
     }
@@ -713,5 +800,81 @@ raw = { from = "value", type = "bytea" }
         assert_eq!(settings.upsert_key, Some(vec![0]));
         assert_eq!(config.columns.0[0].1.column_type, ColumnType::BigInt);
         assert!(config.identity().contains(",upsert_key=id,"));
+    }
+
+    fn with(extra: &str) -> PostgresSinkConfig {
+        parse(&BASE.replace("table = ", &format!("{extra}\ntable = "))).unwrap()
+    }
+
+    #[test]
+    fn modes_parse_and_their_identity_names_mode_and_state_tables() {
+        for (extra, mode, identity_end, positions) in [
+            (
+                "mode = \"upsert\"\nupsert_key = [\"id\"]",
+                SinkMode::Upsert,
+                "],mode=upsert,upsert_key=id",
+                None,
+            ),
+            (
+                "mode = \"fenced\"",
+                SinkMode::Fenced,
+                "],mode=fenced,positions=exactly_positions",
+                Some("\"exactly_positions\""),
+            ),
+            (
+                "mode = \"fenced\"\npositions_table = \"ops.fence\"\nupsert_key = [\"id\"]",
+                SinkMode::Fenced,
+                ",mode=fenced,upsert_key=id,positions=ops.fence",
+                Some("\"ops\".\"fence\""),
+            ),
+        ] {
+            let config = with(extra);
+            let settings = config.settings().unwrap();
+            assert_eq!(settings.mode, mode);
+            assert!(config.identity().ends_with(identity_end), "{}", config.identity());
+            if let Some(positions) = positions {
+                assert_eq!(settings.positions.sql(), positions);
+            }
+        }
+    }
+
+    #[test]
+    fn mode_specific_keys_are_checked_against_the_mode() {
+        let message = fatal_message(with("mode = \"upsert\"").validate());
+        assert!(
+            message.contains("sink.postgres.upsert_key")
+                && message.contains("mode \"upsert\" needs")
+                && message.contains("mode = \"fenced\""),
+            "{message}"
+        );
+        for (extra, key) in [
+            ("mode = \"fenced\"\ncommit_log_table = \"log\"", "commit_log_table"),
+            (
+                "mode = \"upsert\"\nupsert_key = [\"id\"]\nstaging_table = \"s\"",
+                "staging_table",
+            ),
+            ("mode = \"fenced\"\nstaging_table = \"s\"", "staging_table"),
+            ("positions_table = \"p\"", "positions_table"),
+            (
+                "mode = \"upsert\"\nupsert_key = [\"id\"]\npositions_table = \"p\"",
+                "positions_table",
+            ),
+        ] {
+            let message = fatal_message(with(extra).validate());
+            assert!(
+                message.contains(&format!("sink.postgres.{key}: is used only by mode"))
+                    && message.contains(&format!("remove `{key}`")),
+                "{extra}: {message}"
+            );
+        }
+        let message = fatal_message(with("mode = \"fenced\"\npositions_table = \"sales.orders\"").validate());
+        assert!(
+            message.contains("sink.postgres.positions_table: names the same table as `table`"),
+            "{message}"
+        );
+        // Tables a mode does not use may share names.
+        with("mode = \"upsert\"\nupsert_key = [\"id\"]\ndead_letter_table = \"exactly_commit_log\"")
+            .validate()
+            .unwrap();
     }
 }

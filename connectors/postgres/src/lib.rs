@@ -1,7 +1,22 @@
 //! # exactly-postgres
 //!
-//! A PostgreSQL sink with two-phase commit: every checkpoint interval of a
-//! sink subtask is one PostgreSQL transaction.
+//! A PostgreSQL sink with three modes (`mode = "..."` in `[sink.postgres]`):
+//!
+//! | mode | how | table | visible | needs |
+//! |---|---|---|---|---|
+//! | `two-phase` (default) | one transaction per checkpoint interval, `PREPARE TRANSACTION` at pre-commit, `COMMIT PREPARED` after the checkpoint | any | at commit | `max_prepared_transactions > 0` |
+//! | `upsert` | each batch upserted at once; replays rewrite the same keys ([`PostgresUpsertSink`]) | unique key (`upsert_key`) | at once | nothing special |
+//! | `fenced` | rows and the source positions they cover commit in one local transaction; replays at or below the stored positions are dropped ([`PostgresFencedSink`]) | any, also append-only without a unique key | at the checkpoint | nothing special |
+//!
+//! Modes `upsert` and `fenced` are for servers without prepared transactions
+//! (many managed PostgreSQL services have `max_prepared_transactions = 0`);
+//! [`PostgresSinkFactory`] drives them through the core's
+//! [`ReplaySafe`] and [`Fenced`] adapters. All modes share the column
+//! mapping, the conversions and the dead-letter table described below.
+//!
+//! ## Mode `two-phase`
+//!
+//! Every checkpoint interval of a sink subtask is one PostgreSQL transaction.
 //!
 //! ```text
 //! begin    BEGIN on the subtask's write connection
@@ -43,7 +58,7 @@
 //! as strings, others as bytea hex text (`"\\x00ff"`), repeated names as an
 //! array of their values.
 //!
-//! ## Upsert
+//! ## Upsert in mode `two-phase`
 //!
 //! With `upsert_key`, a transaction COPYs its rows into a staging table
 //! (`<table>_exactly_staging`, tagged with the gid) and, after `COMMIT
@@ -55,10 +70,26 @@
 //! own task can run. Staging the rows first avoids both; the merge is
 //! idempotent and also runs in `recover` for rows a crash left behind.
 //!
+//! ## Modes `upsert` and `fenced`
+//!
+//! Mode `upsert` needs `upsert_key`; each batch is one statement that takes
+//! the rows as one array per column and keeps the last row per key.
+//! Dead letters are written unless the table already holds the same record.
+//!
+//! Mode `fenced` keeps, in the positions table (`exactly_positions` by
+//! default: `scope`, `split`, `offset`, `updated_at`; created when absent),
+//! the highest offset written per source split under the scope
+//! `<pipeline>/postgres:<table>`. Rows (COPY, or the upsert statement with
+//! `upsert_key`), dead letters and the advanced positions commit in one local
+//! transaction per checkpoint interval; see [`PostgresFencedSink`].
+//!
+//! In both modes the dead-letter rows have `checkpoint` 0: the records are
+//! written before the checkpoint's id is known.
+//!
 //! ## Server requirements
 //!
-//! PostgreSQL 12 or newer with `max_prepared_transactions > 0` (checked in
-//! `recover`). TLS is not supported yet (the connection uses `NoTls`;
+//! PostgreSQL 12 or newer; mode `two-phase` needs `max_prepared_transactions
+//! > 0` (checked in `recover`). TLS is not supported yet (the connection uses `NoTls`;
 //! `sslmode=require` is refused by the configuration check).
 
 #![warn(missing_docs)]
@@ -67,23 +98,30 @@ mod config;
 mod convert;
 mod error;
 mod gid;
+mod idempotent;
 mod numeric;
 mod schema;
 mod sink;
 mod sql;
+mod write;
 
 use std::sync::Arc;
 
-use exactly_core::{erase, ConnectorError, ErasedSink, SinkContext, SinkFactory};
+use exactly_core::{
+    erase, ConnectorError, ErasedSink, Fenced, FencedSinkFactory, IdempotentSinkFactory, ReplaySafe, SinkContext,
+    SinkFactory,
+};
 
 pub use config::{
     ColumnConfig, ColumnType, Columns, FieldSource, PostgresSinkConfig, SinkMode, DEAD_LETTER_SUFFIX,
-    DEFAULT_COMMIT_LOG_TABLE, STAGING_SUFFIX,
+    DEFAULT_COMMIT_LOG_TABLE, DEFAULT_POSITIONS_TABLE, STAGING_SUFFIX,
 };
 pub use gid::{gid, gid_prefix, MAX_GID_BYTES};
+pub use idempotent::{PostgresFencedSink, PostgresUpsertSink};
 pub use sink::{PostgresCommittable, PostgresSink, PostgresTransaction};
 
-/// Creates [`PostgresSink`] subtasks from a checked [`PostgresSinkConfig`].
+/// Creates the sink subtasks of the configured mode from a checked
+/// [`PostgresSinkConfig`].
 #[derive(Clone, Debug)]
 pub struct PostgresSinkFactory {
     config: PostgresSinkConfig,
@@ -105,22 +143,119 @@ impl PostgresSinkFactory {
         &self.config
     }
 
-    /// The typed sink of one subtask (what [`SinkFactory::create`] erases).
-    /// It connects in [`recover`](exactly_core::TwoPhaseCommitSink::recover).
+    /// The configured mode.
+    pub fn mode(&self) -> SinkMode {
+        self.settings.mode
+    }
+
+    /// Mode `two-phase`: the typed sink of one subtask (what
+    /// [`SinkFactory::create`] erases). It connects in
+    /// [`recover`](exactly_core::TwoPhaseCommitSink::recover), which refuses
+    /// other modes.
     pub fn create_sink(&self, context: SinkContext) -> PostgresSink {
         PostgresSink::new(self.settings.clone(), context)
+    }
+
+    /// Mode `upsert`: the typed sink of one subtask (what
+    /// [`SinkFactory::create`] wraps in [`ReplaySafe`]). It connects in
+    /// [`open`](exactly_core::IdempotentSink::open).
+    pub fn create_upsert_sink(&self, context: &SinkContext) -> Result<PostgresUpsertSink, ConnectorError> {
+        self.require_mode(SinkMode::Upsert)?;
+        Ok(PostgresUpsertSink::new(self.subtask(context)))
+    }
+
+    /// Mode `fenced`: the typed sink of one subtask (what
+    /// [`SinkFactory::create`] wraps in [`Fenced`]), with the scope
+    /// [`fence_scope`](Self::fence_scope). It connects and reads its positions
+    /// in [`open`](exactly_core::FencedSink::open).
+    pub fn create_fenced_sink(&self, context: &SinkContext) -> Result<PostgresFencedSink, ConnectorError> {
+        self.require_mode(SinkMode::Fenced)?;
+        Ok(PostgresFencedSink::new(
+            self.subtask(context),
+            self.fence_scope(&context.pipeline),
+        ))
+    }
+
+    /// Mode `fenced`: the scope of the pipeline's rows in the positions
+    /// table, `<pipeline>/postgres:<table>` — what [`Fenced`] passes to
+    /// [`write_fenced`](exactly_core::FencedSink::write_fenced).
+    pub fn fence_scope(&self, pipeline: &str) -> String {
+        format!("{pipeline}/{}", self.fence_identity())
+    }
+
+    /// `postgres:<table>`: the fence scope is about what the table holds, so
+    /// it leaves out the column mapping and the other settings in
+    /// [`identity`](SinkFactory::identity).
+    fn fence_identity(&self) -> String {
+        format!("postgres:{}", self.settings.table_label)
+    }
+
+    fn subtask(&self, context: &SinkContext) -> write::Subtask {
+        write::Subtask {
+            settings: self.settings.clone(),
+            context: context.clone(),
+        }
+    }
+
+    fn require_mode(&self, mode: SinkMode) -> Result<(), ConnectorError> {
+        if self.settings.mode == mode {
+            return Ok(());
+        }
+        Err(ConnectorError::fatal(
+            "postgres sink",
+            format!(
+                "the sink of mode \"{}\" was asked for, but sink.postgres.mode is \"{}\". Fix: use \
+                 PostgresSinkFactory::create, which picks the mode's sink",
+                mode.as_str(),
+                self.settings.mode.as_str()
+            ),
+        ))
+    }
+}
+
+/// Mode `upsert` as the core's [`ReplaySafe`] adapter sees it.
+struct UpsertMode(PostgresSinkFactory);
+
+impl IdempotentSinkFactory for UpsertMode {
+    type Sink = PostgresUpsertSink;
+    fn identity(&self) -> String {
+        self.0.identity()
+    }
+    fn create(&self, context: &SinkContext) -> Result<PostgresUpsertSink, ConnectorError> {
+        self.0.create_upsert_sink(context)
+    }
+}
+
+/// Mode `fenced` as the core's [`Fenced`] adapter sees it: its identity is
+/// the fence scope's (see [`PostgresSinkFactory::fence_scope`]).
+struct FencedMode(PostgresSinkFactory);
+
+impl FencedSinkFactory for FencedMode {
+    type Sink = PostgresFencedSink;
+    fn identity(&self) -> String {
+        self.0.fence_identity()
+    }
+    fn create(&self, context: &SinkContext) -> Result<PostgresFencedSink, ConnectorError> {
+        self.0.create_fenced_sink(context)
     }
 }
 
 impl SinkFactory for PostgresSinkFactory {
     /// `postgres:table=...,columns=[...],mode=...` plus the upsert key and
-    /// the commit-log table: the settings that affect what the sink has
-    /// written and where its markers are. The URL is not part of it.
+    /// the commit-log or positions table: the settings that affect what the
+    /// sink has written and where its markers are. The URL is not part of it.
     fn identity(&self) -> String {
         self.config.identity()
     }
 
+    /// The sink of the configured mode: [`PostgresSink`] (`two-phase`),
+    /// [`PostgresUpsertSink`] through [`ReplaySafe`] (`upsert`) or
+    /// [`PostgresFencedSink`] through [`Fenced`] (`fenced`).
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
-        Ok(erase(self.create_sink(context)))
+        match self.settings.mode {
+            SinkMode::TwoPhase => Ok(erase(self.create_sink(context))),
+            SinkMode::Upsert => ReplaySafe(UpsertMode(self.clone())).create(context),
+            SinkMode::Fenced => Fenced(FencedMode(self.clone())).create(context),
+        }
     }
 }

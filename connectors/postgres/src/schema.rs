@@ -6,7 +6,7 @@ use tokio_postgres::Client;
 
 use exactly_core::ConnectorError;
 
-use crate::config::{ColumnType, Settings};
+use crate::config::{ColumnType, Settings, SinkMode};
 use crate::convert::ColumnSpec;
 use crate::error::classify;
 use crate::numeric::NumericTypmod;
@@ -26,7 +26,9 @@ const COMMIT_LOG_COLUMNS: [(&str, Type); 6] = [
 ];
 
 /// Columns of the dead-letter table the sink fills, in COPY order (then
-/// `dead_lettered_at`, which defaults to `now()`).
+/// `dead_lettered_at`, which defaults to `now()`). `checkpoint` is the
+/// checkpoint of the transaction in mode `two-phase`, and 0 in modes `upsert`
+/// and `fenced`, which write before the checkpoint's id is known.
 pub(crate) const DEAD_LETTER_COLUMNS: [(&str, Type); 10] = [
     ("pipeline", Type::TEXT),
     ("sink_table", Type::TEXT),
@@ -43,6 +45,15 @@ pub(crate) const DEAD_LETTER_COLUMNS: [(&str, Type); 10] = [
 /// The staging table's own columns, before the mapped ones.
 const STAGING_COLUMNS: [(&str, Type); 2] = [("exactly_gid", Type::TEXT), ("exactly_seq", Type::INT8)];
 
+/// Columns of the positions table (mode `fenced`), whose primary key is
+/// (`scope`, `split`).
+const POSITIONS_COLUMNS: [(&str, Type); 4] = [
+    ("scope", Type::TEXT),
+    ("split", Type::TEXT),
+    ("offset", Type::INT8),
+    ("updated_at", Type::TIMESTAMPTZ),
+];
+
 /// What the sink learned about its tables; everything a write needs.
 #[derive(Debug)]
 pub(crate) struct Layout {
@@ -54,8 +65,17 @@ pub(crate) struct Layout {
     pub row_types: Vec<Type>,
     pub copy_dead_letters: String,
     pub dead_letter_types: Vec<Type>,
-    /// Upsert: moves one gid's staged rows into the target (`$1` = gid).
+    /// Mode `two-phase` with an upsert key: moves one gid's staged rows into
+    /// the target (`$1` = gid).
     pub merge: Option<String>,
+    /// Modes `upsert` and `fenced` with an upsert key: upserts a batch given
+    /// as one array per column (`$1`... in column order, types `row_types`),
+    /// the last row per key winning.
+    pub upsert: Option<String>,
+    /// Inserts dead letters given as one array per column (types
+    /// `dead_letter_types`) unless the table already holds the same record
+    /// (pipeline, table, split, offset): mode `upsert`, whose replays repeat.
+    pub insert_dead_letters_once: String,
 }
 
 /// A column as the catalog describes it.
@@ -278,12 +298,49 @@ fn create_commit_log_sql(name: &QualifiedName) -> String {
     )
 }
 
+/// The dead-letter table, indexed by record so that mode `upsert` finds a
+/// dead letter it wrote before a crash quickly.
 fn create_dead_letters_sql(name: &QualifiedName) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, sink_table text NOT NULL, split text NOT NULL, \
+        "CREATE TABLE IF NOT EXISTS {table} (pipeline text NOT NULL, sink_table text NOT NULL, split text NOT NULL, \
          topic text, \"partition\" integer, \"offset\" bigint NOT NULL, \"key\" bytea, \"value\" bytea NOT NULL, \
-         error text NOT NULL, checkpoint bigint NOT NULL, dead_lettered_at timestamptz NOT NULL DEFAULT now())",
+         error text NOT NULL, checkpoint bigint NOT NULL, dead_lettered_at timestamptz NOT NULL DEFAULT now()); \
+         CREATE INDEX IF NOT EXISTS {index} ON {table} (split, \"offset\")",
+        table = name.sql(),
+        index = name.index_name("_record"),
+    )
+}
+
+fn create_positions_sql(name: &QualifiedName) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (scope text NOT NULL, split text NOT NULL, \"offset\" bigint NOT NULL, \
+         updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (scope, split))",
         name.sql()
+    )
+}
+
+/// The stored positions of one scope (`$1`): rows of (split, offset).
+pub(crate) fn read_positions_sql(name: &QualifiedName) -> String {
+    format!("SELECT split, \"offset\" FROM {} WHERE scope = $1", name.sql())
+}
+
+/// Advances the positions of scope `$1`: splits `$2`, new offsets `$3`, and
+/// the offsets this sink read before (`$4`, NULL for a split it saw no
+/// position for). A split is advanced only while its stored offset is still
+/// the one read (compare-and-set; an absent row is inserted), so the returned
+/// count is below the number of splits exactly when another writer moved a
+/// position in the meantime.
+pub(crate) fn advance_positions_sql(name: &QualifiedName) -> String {
+    format!(
+        "WITH input AS (SELECT * FROM unnest($2::pg_catalog.text[], $3::pg_catalog.int8[], $4::pg_catalog.int8[]) \
+                        AS i(split, new_offset, old_offset)), \
+              advanced AS (INSERT INTO {table} AS p (scope, split, \"offset\") \
+                           SELECT $1, split, new_offset FROM input \
+                           ON CONFLICT (scope, split) DO UPDATE SET \"offset\" = EXCLUDED.\"offset\", updated_at = now() \
+                           WHERE p.\"offset\" = (SELECT old_offset FROM input WHERE input.split = EXCLUDED.split) \
+                           RETURNING 1) \
+         SELECT count(*) FROM advanced",
+        table = name.sql()
     )
 }
 
@@ -336,13 +393,16 @@ async fn create_missing(client: &Client, url: &str, wanted: &[(&QualifiedName, S
     Ok(())
 }
 
-/// Creates what is missing and checks every table against the configuration.
+/// Creates what is missing and checks every table the mode uses against the
+/// configuration.
 pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Result<Layout, ConnectorError> {
     let url = &settings.url;
-    let mut wanted = vec![
-        (&settings.commit_log, create_commit_log_sql(&settings.commit_log)),
-        (&settings.dead_letters, create_dead_letters_sql(&settings.dead_letters)),
-    ];
+    let mut wanted = vec![(&settings.dead_letters, create_dead_letters_sql(&settings.dead_letters))];
+    match settings.mode {
+        SinkMode::TwoPhase => wanted.push((&settings.commit_log, create_commit_log_sql(&settings.commit_log))),
+        SinkMode::Fenced => wanted.push((&settings.positions, create_positions_sql(&settings.positions))),
+        SinkMode::Upsert => {}
+    }
     if settings.create_table {
         wanted.push((&settings.table, create_target_sql(settings)));
     }
@@ -368,12 +428,23 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
 
     let table_fix =
         |key: &str| format!("drop or rename it so the sink can create it, or set sink.postgres.{key} to another table");
-    let log = existing(client, url, &settings.commit_log, "").await?;
-    log.require_columns(&COMMIT_LOG_COLUMNS, &table_fix("commit_log_table"))?;
-    log.require_privileges(&["INSERT", "SELECT", "UPDATE"])?;
+    match settings.mode {
+        SinkMode::TwoPhase => {
+            let log = existing(client, url, &settings.commit_log, "").await?;
+            log.require_columns(&COMMIT_LOG_COLUMNS, &table_fix("commit_log_table"))?;
+            log.require_privileges(&["INSERT", "SELECT", "UPDATE"])?;
+        }
+        SinkMode::Fenced => check_positions(client, settings, &table_fix("positions_table")).await?,
+        SinkMode::Upsert => {}
+    }
     let dead = existing(client, url, &settings.dead_letters, "").await?;
     dead.require_columns(&DEAD_LETTER_COLUMNS, &table_fix("dead_letter_table"))?;
-    dead.require_privileges(&["INSERT"])?;
+    // Mode upsert looks for a dead letter before writing it again.
+    dead.require_privileges(if settings.mode == SinkMode::Upsert {
+        &["INSERT", "SELECT"]
+    } else {
+        &["INSERT"]
+    })?;
 
     let names: Vec<&str> = settings.columns.iter().map(|(n, _)| n.as_str()).collect();
     let dead_letter_names = DEAD_LETTER_COLUMNS.iter().map(|(n, _)| *n);
@@ -391,9 +462,14 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
         ),
         dead_letter_types: DEAD_LETTER_COLUMNS.iter().map(|(_, t)| t.clone()).collect(),
         merge: None,
+        upsert: None,
+        insert_dead_letters_once: insert_dead_letters_once_sql(&settings.dead_letters),
         columns,
     };
-    if let Some(key) = &settings.upsert_key {
+    if let (Some(key), SinkMode::Upsert | SinkMode::Fenced) = (&settings.upsert_key, settings.mode) {
+        layout.upsert = Some(upsert_batch_sql(settings, key, &layout.row_types));
+    }
+    if let (Some(key), SinkMode::TwoPhase) = (&settings.upsert_key, settings.mode) {
         create_missing(client, url, &[(&settings.staging, create_staging_sql(settings))]).await?;
         let staging = existing(client, url, &settings.staging, "").await?;
         let fix = "drop it while no pipeline runs (it only holds rows between pre-commit and commit); the sink \
@@ -502,13 +578,13 @@ fn check_target(target: &TableInfo, settings: &Settings) -> Result<Vec<ColumnSpe
     Ok(specs)
 }
 
-async fn check_unique_key(client: &Client, settings: &Settings) -> Result<(), ConnectorError> {
-    let key: Vec<String> = settings
-        .upsert_key
-        .iter()
-        .flatten()
-        .map(|i| settings.columns[*i].0.clone())
-        .collect();
+/// Whether `table` has a unique index (or primary key) on exactly `key`.
+async fn has_unique_key(
+    client: &Client,
+    url: &str,
+    table: &QualifiedName,
+    key: &[String],
+) -> Result<bool, ConnectorError> {
     let found: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM ( \
@@ -518,12 +594,22 @@ async fn check_unique_key(client: &Client, settings: &Settings) -> Result<(), Co
                  WHERE i.indrelid = to_regclass($1)::oid AND i.indisunique AND i.indpred IS NULL \
                    AND i.indexprs IS NULL) u \
              WHERE u.cols @> $2::text[] AND u.cols <@ $2::text[])",
-            &[&settings.table.sql(), &key],
+            &[&table.sql(), &key],
         )
         .await
-        .map_err(|e| classify("postgres sink: inspecting indexes", &settings.url, &e))?
+        .map_err(|e| classify("postgres sink: inspecting indexes", url, &e))?
         .get(0);
-    if found {
+    Ok(found)
+}
+
+async fn check_unique_key(client: &Client, settings: &Settings) -> Result<(), ConnectorError> {
+    let key: Vec<String> = settings
+        .upsert_key
+        .iter()
+        .flatten()
+        .map(|i| settings.columns[*i].0.clone())
+        .collect();
+    if has_unique_key(client, &settings.url, &settings.table, &key).await? {
         return Ok(());
     }
     Err(fatal(format!(
@@ -536,9 +622,73 @@ async fn check_unique_key(client: &Client, settings: &Settings) -> Result<(), Co
     )))
 }
 
+/// Checks the positions table: its columns, privileges and the unique key
+/// the compare-and-set upsert needs.
+async fn check_positions(client: &Client, settings: &Settings, fix: &str) -> Result<(), ConnectorError> {
+    let positions = existing(client, &settings.url, &settings.positions, "").await?;
+    positions.require_columns(&POSITIONS_COLUMNS, fix)?;
+    positions.require_privileges(&["SELECT", "INSERT", "UPDATE"])?;
+    let key = ["scope".to_string(), "split".to_string()];
+    if has_unique_key(client, &settings.url, &settings.positions, &key).await? {
+        return Ok(());
+    }
+    Err(fatal(format!(
+        "positions table {} has no primary key or unique index on (scope, split). Fix: ALTER TABLE {} ADD PRIMARY \
+         KEY (scope, split), or {fix}",
+        settings.positions, settings.positions
+    )))
+}
+
+/// `$n::pg_catalog.<type>[]` for each type, comma-separated: the parameters
+/// of a statement that takes a batch as one array per column.
+fn array_params(types: &[Type]) -> String {
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("${}::pg_catalog.{}[]", i + 1, t.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Upsert of a batch sent as one array per column; `WITH ORDINALITY` numbers
+/// the rows so the last one per key wins.
+fn upsert_batch_sql(settings: &Settings, key: &[usize], types: &[Type]) -> String {
+    let all = ident_list(settings.columns.iter().map(|(n, _)| n.as_str()));
+    let source = format!(
+        "unnest({}) WITH ORDINALITY AS batch({all}, exactly_seq)",
+        array_params(types)
+    );
+    upsert_from(settings, key, &source)
+}
+
+/// Dead letters sent as one array per column, minus those already stored.
+fn insert_dead_letters_once_sql(name: &QualifiedName) -> String {
+    let names = || DEAD_LETTER_COLUMNS.iter().map(|(n, _)| *n);
+    let types: Vec<Type> = DEAD_LETTER_COLUMNS.iter().map(|(_, t)| t.clone()).collect();
+    format!(
+        "INSERT INTO {table} ({columns}) SELECT * FROM unnest({params}) AS d({columns}) \
+         WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.split = d.split AND x.\"offset\" = d.\"offset\" \
+                           AND x.pipeline = d.pipeline AND x.sink_table = d.sink_table)",
+        table = name.sql(),
+        columns = ident_list(names()),
+        params = array_params(&types),
+    )
+}
+
 /// Upsert of one gid's staged rows, deleting them: the last row per key wins.
 /// Idempotent: a second run finds nothing left to move.
 fn merge_sql(settings: &Settings, key: &[usize]) -> String {
+    format!(
+        "WITH batch AS (DELETE FROM {} WHERE exactly_gid = $1 RETURNING *) {}",
+        settings.staging.sql(),
+        upsert_from(settings, key, "batch")
+    )
+}
+
+/// `INSERT INTO <table> ... SELECT` from `source` (which has the configured
+/// columns and `exactly_seq`) `ON CONFLICT (<key>) DO UPDATE`, keeping the row
+/// with the highest `exactly_seq` per key.
+fn upsert_from(settings: &Settings, key: &[usize], source: &str) -> String {
     let all = ident_list(settings.columns.iter().map(|(n, _)| n.as_str()));
     let key_list = ident_list(key.iter().map(|i| settings.columns[*i].0.as_str()));
     let updates: Vec<String> = settings
@@ -554,11 +704,9 @@ fn merge_sql(settings: &Settings, key: &[usize]) -> String {
         format!("DO UPDATE SET {}", updates.join(", "))
     };
     format!(
-        "WITH batch AS (DELETE FROM {staging} WHERE exactly_gid = $1 RETURNING *) \
-         INSERT INTO {target} ({all}) \
-         SELECT DISTINCT ON ({key_list}) {all} FROM batch ORDER BY {key_list}, exactly_seq DESC \
+        "INSERT INTO {target} ({all}) \
+         SELECT DISTINCT ON ({key_list}) {all} FROM {source} ORDER BY {key_list}, exactly_seq DESC \
          ON CONFLICT ({key_list}) {action}",
-        staging = settings.staging.sql(),
         target = settings.table.sql(),
     )
 }
@@ -606,6 +754,23 @@ mod tests {
         );
         let only_key = merge_sql(&settings(true), &[0, 1]);
         assert!(only_key.ends_with("DO NOTHING"), "{only_key}");
+    }
+
+    #[test]
+    fn batches_travel_as_one_array_per_column() {
+        let sql = upsert_batch_sql(&settings(true), &[0], &[Type::INT8, Type::VARCHAR]);
+        assert!(
+            sql.contains(
+                "FROM unnest($1::pg_catalog.int8[], $2::pg_catalog.varchar[]) WITH ORDINALITY AS batch(\"id\", \"v\", \
+                 exactly_seq) ORDER BY \"id\", exactly_seq DESC ON CONFLICT (\"id\") DO UPDATE SET \"v\" = EXCLUDED.\"v\""
+            ),
+            "{sql}"
+        );
+        let dead = insert_dead_letters_once_sql(&settings(false).dead_letters);
+        assert!(dead.contains("$10::pg_catalog.int8[]) AS d(\"pipeline\""), "{dead}");
+        assert!(dead.contains("WHERE NOT EXISTS"), "{dead}");
+        let advance = advance_positions_sql(&QualifiedName::parse("exactly_positions").unwrap());
+        assert!(advance.contains("WHERE p.\"offset\" = (SELECT old_offset"), "{advance}");
     }
 
     #[test]

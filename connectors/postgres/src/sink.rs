@@ -6,29 +6,28 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use exactly_core::{CheckpointId, ConnectorError, Record, SinkContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
 
-use crate::config::Settings;
-use crate::convert::{to_row, Cell};
-use crate::error::{classify, connect_error};
+use crate::config::{Settings, SinkMode};
+use crate::convert::Cell;
+use crate::error::classify;
 use crate::gid::{checkpoint_of, gid, gid_prefix};
 use crate::schema::{prepare_tables, Layout};
 use crate::sql::quote_literal;
+use crate::write::{connect, convert, copy_in, Subtask};
 
 /// How long a write waits for a row or table lock before the checkpoint
 /// fails (instead of waiting forever behind a lock the sink itself must
 /// release later).
-const LOCK_TIMEOUT: &str = "60s";
+pub(crate) const LOCK_TIMEOUT: &str = "60s";
 
 /// One subtask of the PostgreSQL sink. Created by
 /// [`PostgresSinkFactory`](crate::PostgresSinkFactory); see the crate
 /// documentation for the protocol.
 pub struct PostgresSink {
-    settings: Arc<Settings>,
-    context: SinkContext,
+    subtask: Subtask,
     /// Prefix of every gid of this subtask.
     prefix: String,
     /// The connection that holds the open write transaction.
@@ -44,8 +43,8 @@ pub struct PostgresSink {
 impl std::fmt::Debug for PostgresSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresSink")
-            .field("url", &self.settings.url)
-            .field("table", &self.settings.table_label)
+            .field("url", &self.subtask.settings.url)
+            .field("table", &self.subtask.settings.table_label)
             .field("prefix", &self.prefix)
             .field("open", &self.open)
             .finish_non_exhaustive()
@@ -84,18 +83,11 @@ pub struct PostgresCommittable {
     pub subtask: usize,
 }
 
-/// A record that could not be converted, with the reason.
-struct DeadLetter<'a> {
-    record: &'a Record,
-    error: String,
-}
-
 impl PostgresSink {
     pub(crate) fn new(settings: Arc<Settings>, context: SinkContext) -> Self {
         let prefix = gid_prefix(&context.pipeline, &settings.table_label, context.subtask);
         PostgresSink {
-            settings,
-            context,
+            subtask: Subtask { settings, context },
             prefix,
             writer: None,
             committer: None,
@@ -110,36 +102,22 @@ impl PostgresSink {
         &self.prefix
     }
 
+    fn settings(&self) -> &Settings {
+        &self.subtask.settings
+    }
+
     fn context(&self, action: &str) -> String {
-        format!(
-            "postgres sink {} (subtask {}): {action}",
-            self.settings.table_label, self.context.subtask
-        )
+        self.subtask.label(action)
     }
 
     fn pg_error(&self, action: &str, e: &tokio_postgres::Error) -> ConnectorError {
-        classify(&self.context(action), &self.settings.url, e)
-    }
-
-    async fn connect(settings: &Settings) -> Result<Client, ConnectorError> {
-        let (client, connection) = settings
-            .pg
-            .connect(NoTls)
-            .await
-            .map_err(|e| connect_error(&settings.url, &e))?;
-        let url = settings.url.clone();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(%url, error = %e, "PostgreSQL connection ended with an error");
-            }
-        });
-        Ok(client)
+        self.subtask.pg_error(action, e)
     }
 
     /// (Re)connects the commit connection if needed.
     async fn connect_committer(&mut self) -> Result<(), ConnectorError> {
         if self.committer.as_ref().is_none_or(Client::is_closed) {
-            self.committer = Some(Self::connect(&self.settings).await?);
+            self.committer = Some(connect(self.settings()).await?);
         }
         Ok(())
     }
@@ -152,7 +130,7 @@ impl PostgresSink {
     /// (Re)connects the write connection if needed.
     async fn connect_writer(&mut self) -> Result<(), ConnectorError> {
         if self.writer.as_ref().is_none_or(Client::is_closed) {
-            self.writer = Some(Self::connect(&self.settings).await?);
+            self.writer = Some(connect(self.settings()).await?);
         }
         Ok(())
     }
@@ -173,29 +151,18 @@ impl PostgresSink {
     fn writer(&self) -> Result<&Client, ConnectorError> {
         match &self.writer {
             Some(client) if !client.is_closed() => Ok(client),
-            _ => Err(ConnectorError::transient(
-                self.context("writing"),
-                format!(
-                    "lost the connection to PostgreSQL at {} during the transaction; check that the server is running",
-                    self.settings.url
-                ),
-            )),
+            _ => Err(self.subtask.lost_connection("writing")),
         }
     }
 
     fn layout(&self) -> Result<&Layout, ConnectorError> {
-        self.layout.as_ref().ok_or_else(|| {
-            ConnectorError::fatal(
-                self.context("writing"),
-                "recover() must run before any transaction (the runtime calls it first)",
-            )
-        })
+        self.layout.as_ref().ok_or_else(|| self.subtask.not_opened("recover()"))
     }
 
     /// Checks that the server can prepare transactions at all.
     async fn check_prepared_transactions(&mut self) -> Result<(), ConnectorError> {
         self.connect_committer().await?;
-        let url = &self.settings.url;
+        let url = &self.subtask.settings.url;
         let rows = self
             .committer()
             .simple_query("SHOW max_prepared_transactions")
@@ -254,12 +221,12 @@ impl PostgresSink {
     /// Upsert mode: merges committed staged rows of this subtask that no
     /// commit moved yet (left by a crash between commit and merge).
     async fn merge_leftovers(&mut self) -> Result<(), ConnectorError> {
-        if self.settings.upsert_key.is_none() {
+        if self.settings().upsert_key.is_none() {
             return Ok(());
         }
         let sql = format!(
             "SELECT DISTINCT exactly_gid FROM {} WHERE left(exactly_gid, length($1)) = $1",
-            self.settings.staging.sql()
+            self.settings().staging.sql()
         );
         self.connect_committer().await?;
         let result = self.committer().query(&sql, &[&self.prefix]).await;
@@ -275,46 +242,15 @@ impl PostgresSink {
 
     /// COPYs rows in binary format through the write connection.
     async fn copy(&self, sql: &str, types: &[Type], rows: &[Vec<Cell>], what: &str) -> Result<u64, ConnectorError> {
-        let client = self.writer()?;
-        let result = async {
-            let sink = client.copy_in(sql).await?;
-            let writer = BinaryCopyInWriter::new(sink, types);
-            let mut writer = std::pin::pin!(writer);
-            for row in rows {
-                let values: Vec<&(dyn ToSql + Sync)> = row.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-                writer.as_mut().write(&values).await?;
-            }
-            writer.finish().await
-        }
-        .await;
+        let result = copy_in(self.writer()?, sql, types, rows).await;
         result.map_err(|e| self.pg_error(what, &e))
-    }
-
-    fn dead_letter_row(&self, txn: &PostgresTransaction, dead: &DeadLetter<'_>) -> Vec<Cell> {
-        let record = dead.record;
-        let (topic, partition) = match record.topic_partition() {
-            Some((topic, partition)) => (Cell::Text(topic.to_string()), Cell::Int(partition)),
-            None => (Cell::Null, Cell::Null),
-        };
-        vec![
-            Cell::Text(self.context.pipeline.clone()),
-            Cell::Text(self.settings.table_label.clone()),
-            Cell::Text(record.split.clone()),
-            topic,
-            partition,
-            Cell::BigInt(record.offset),
-            record.key.clone().map_or(Cell::Null, Cell::Bytes),
-            Cell::Bytes(record.value.clone()),
-            Cell::Text(dead.error.replace('\0', "\\0")),
-            Cell::BigInt(checkpoint_i64(txn.checkpoint)),
-        ]
     }
 
     /// `COMMIT PREPARED`, or, when the gid is no longer prepared, success if
     /// its marker says it was committed.
     async fn commit_prepared(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
         self.connect_committer().await?;
-        let (url, log) = (&self.settings.url, &self.settings.commit_log);
+        let (url, log) = (&self.subtask.settings.url, &self.subtask.settings.commit_log);
         let client = self.committer();
         let committed = client
             .batch_execute(&format!("COMMIT PREPARED {}", quote_literal(&c.gid)))
@@ -365,10 +301,20 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// that `pending` does not list and commits the listed ones (oldest
     /// first, as [`commit`](Self::commit) does). Idempotent.
     async fn recover(&mut self, pending: &[PostgresCommittable]) -> Result<(), ConnectorError> {
+        if self.settings().mode != SinkMode::TwoPhase {
+            return Err(ConnectorError::fatal(
+                self.context("recover"),
+                format!(
+                    "PostgresSink is the sink of mode \"two-phase\", but the mode is \"{}\": create the sink with \
+                     PostgresSinkFactory::create, which picks the mode's sink",
+                    self.settings().mode.as_str()
+                ),
+            ));
+        }
         self.discard_open().await;
         self.check_prepared_transactions().await?;
         self.connect_committer().await?;
-        let layout = prepare_tables(self.committer(), &self.settings).await?;
+        let layout = prepare_tables(self.committer(), &self.subtask.settings).await?;
         self.layout = Some(layout);
 
         let listed: HashSet<&str> = pending.iter().map(|c| c.gid.as_str()).collect();
@@ -422,19 +368,11 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// counted in the pipeline metrics.
     async fn write(&mut self, txn: &mut PostgresTransaction, batch: &[Record]) -> Result<(), ConnectorError> {
         let layout = self.layout()?;
-        let upsert = layout.merge.is_some();
-        let mut rows = Vec::with_capacity(batch.len());
-        let mut dead = Vec::new();
-        for record in batch {
-            match to_row(record, &layout.columns) {
-                Ok(mut cells) => {
-                    if upsert {
-                        cells.splice(0..0, [Cell::Text(txn.gid.clone()), Cell::BigInt(txn.next_seq)]);
-                        txn.next_seq += 1;
-                    }
-                    rows.push(cells);
-                }
-                Err(error) => dead.push(DeadLetter { record, error }),
+        let (mut rows, dead) = convert(batch, &layout.columns);
+        if layout.merge.is_some() {
+            for cells in &mut rows {
+                cells.splice(0..0, [Cell::Text(txn.gid.clone()), Cell::BigInt(txn.next_seq)]);
+                txn.next_seq += 1;
             }
         }
         if !rows.is_empty() {
@@ -444,7 +382,11 @@ impl TwoPhaseCommitSink for PostgresSink {
             tracing::debug!(rows = written, checkpoint = %txn.checkpoint, "rows written");
         }
         if !dead.is_empty() {
-            let dead_rows: Vec<Vec<Cell>> = dead.iter().map(|d| self.dead_letter_row(txn, d)).collect();
+            let checkpoint = checkpoint_i64(txn.checkpoint);
+            let dead_rows: Vec<Vec<Cell>> = dead
+                .iter()
+                .map(|d| self.subtask.dead_letter_row(d, checkpoint))
+                .collect();
             self.copy(
                 &layout.copy_dead_letters,
                 &layout.dead_letter_types,
@@ -454,9 +396,9 @@ impl TwoPhaseCommitSink for PostgresSink {
             .await?;
             for d in &dead {
                 tracing::warn!(split = %d.record.split, offset = d.record.offset, error = %d.error,
-                    "record sent to the dead-letter table {}", self.settings.dead_letters);
+                    "record sent to the dead-letter table {}", self.settings().dead_letters);
             }
-            self.context.metrics.add_dead_letters(dead.len() as u64);
+            self.subtask.context.metrics.add_dead_letters(dead.len() as u64);
         }
         Ok(())
     }
@@ -470,9 +412,9 @@ impl TwoPhaseCommitSink for PostgresSink {
             "INSERT INTO {} (gid, pipeline, sink_table, subtask, checkpoint) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (gid) DO UPDATE SET pipeline = EXCLUDED.pipeline, sink_table = EXCLUDED.sink_table, \
              subtask = EXCLUDED.subtask, checkpoint = EXCLUDED.checkpoint, prepared_at = now()",
-            self.settings.commit_log.sql()
+            self.settings().commit_log.sql()
         );
-        let subtask = i32::try_from(self.context.subtask).unwrap_or(i32::MAX);
+        let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
         let checkpoint = checkpoint_i64(txn.checkpoint);
         let result = async {
             client
@@ -480,8 +422,8 @@ impl TwoPhaseCommitSink for PostgresSink {
                     &marker,
                     &[
                         &txn.gid,
-                        &self.context.pipeline,
-                        &self.settings.table_label,
+                        &self.subtask.context.pipeline,
+                        &self.subtask.settings.table_label,
                         &subtask,
                         &checkpoint,
                     ],
@@ -513,7 +455,7 @@ impl TwoPhaseCommitSink for PostgresSink {
         Ok(PostgresCommittable {
             gid: txn.gid,
             checkpoint: txn.checkpoint,
-            subtask: self.context.subtask,
+            subtask: self.subtask.context.subtask,
         })
     }
 

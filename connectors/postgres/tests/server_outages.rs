@@ -5,16 +5,24 @@
 mod common;
 
 use common::*;
-use exactly_core::{ConnectorError, TwoPhaseCommitSink};
+use exactly_core::{CheckpointId, ConnectorError, Record, SinkFactory, TwoPhaseCommitSink};
+use exactly_postgres::PostgresSinkFactory;
 use exactly_testkit::PostgresServer;
+
+/// A server of this test's own, or `None` (skip) when `EXACTLY_DATABASE_URL`
+/// names an external one.
+fn own_server() -> Option<PostgresServer> {
+    let pg = PostgresServer::start().expect("start PostgreSQL");
+    if pg.is_external() {
+        eprintln!("skipped: EXACTLY_DATABASE_URL is set and the testkit cannot restart an external server");
+        return None;
+    }
+    Some(pg)
+}
 
 #[tokio::test]
 async fn prepared_transactions_survive_an_outage_and_max_prepared_transactions_zero_is_named() {
-    let mut pg = PostgresServer::start().expect("start PostgreSQL");
-    if pg.is_external() {
-        eprintln!("skipped: EXACTLY_DATABASE_URL is set and the testkit cannot restart an external server");
-        return;
-    }
+    let Some(mut pg) = own_server() else { return };
     let url = pg.url().to_string();
     let table = unique("people");
     let config = config(
@@ -76,4 +84,54 @@ async fn prepared_transactions_survive_an_outage_and_max_prepared_transactions_z
     pg.restart().unwrap();
     let (mut accepted, _) = new_sink(&config, "outage", 0);
     accepted.recover(&[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn modes_upsert_and_fenced_work_with_max_prepared_transactions_zero() {
+    let Some(mut pg) = own_server() else { return };
+    let url = pg.url().to_string();
+    client(&url)
+        .await
+        .batch_execute("ALTER SYSTEM SET max_prepared_transactions = 0")
+        .await
+        .unwrap();
+    pg.restart().unwrap();
+    let db = client(&url).await;
+    let setting: String = db
+        .query_one("SHOW max_prepared_transactions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(setting, "0");
+
+    let columns = "[sink.postgres.columns]\nid = { from = \"/id\", type = \"bigint\" }\n";
+    let upsert = config(
+        &url,
+        "kv",
+        &format!("mode = \"upsert\"\nupsert_key = [\"id\"]\ncreate_table = true\n{columns}"),
+    );
+    let fenced = config(
+        &url,
+        "events",
+        &format!("mode = \"fenced\"\ncreate_table = true\n{columns}"),
+    );
+    let records: Vec<Record> = (0..3)
+        .map(|i| record(0, i, &format!(r#"{{"id":{}}}"#, i % 2)))
+        .collect();
+    for (config, table, rows) in [(&upsert, "kv", 2), (&fenced, "events", 3)] {
+        let factory = PostgresSinkFactory::new(config.clone()).unwrap();
+        let mut sink = factory.create(context("no-2pc", 0)).unwrap();
+        sink.recover(&[]).await.unwrap();
+        sink.write(CheckpointId(1), &records).await.unwrap();
+        if let Some(committable) = sink.pre_commit().await.unwrap() {
+            sink.commit(&committable).await.unwrap();
+        }
+        assert_eq!(count(&db, table).await, rows, "{table}");
+    }
+
+    // Mode two-phase is still refused, naming the setting.
+    let two_phase = config(&url, "people", &format!("create_table = true\n{columns}"));
+    let (mut refused, _) = new_sink(&two_phase, "no-2pc", 0);
+    let message = fatal_message(refused.recover(&[]).await);
+    assert!(message.contains("max_prepared_transactions = 0"), "{message}");
 }

@@ -165,25 +165,9 @@ async fn a_vanished_gid_is_success_with_its_marker_and_data_loss_without() {
     assert_eq!(f.count().await, 1);
 }
 
-const UPSERT: &str = r#"
-create_table = true
-upsert_key = ["id"]
-[sink.postgres.columns]
-id = { from = "/id", type = "bigint" }
-v = { from = "/v", type = "text" }
-"#;
-
-fn kv(offset: i64, id: i64, v: &str) -> Record {
-    record(0, offset, &format!(r#"{{"id":{id},"v":"{v}"}}"#))
-}
-
-fn expect_pairs(expected: &[(i64, &str)]) -> Vec<(i64, String)> {
-    expected.iter().map(|(k, v)| (*k, v.to_string())).collect()
-}
-
 #[tokio::test]
 async fn upsert_mode_keeps_the_last_value_per_key_and_never_blocks_on_a_prepared_transaction() {
-    let f = Fixture::new("kv", UPSERT).await;
+    let f = Fixture::new("kv", KV_UPSERT).await;
     let (db, table) = (&f.db, &f.table);
     let staging = format!("{table}_exactly_staging");
     let (mut sink, _) = f.recovered(0, &[]).await;
@@ -192,15 +176,21 @@ async fn upsert_mode_keeps_the_last_value_per_key_and_never_blocks_on_a_prepared
     let c1 = prepare(
         &mut sink,
         1,
-        &[vec![kv(0, 1, "a"), kv(1, 2, "b"), kv(2, 1, "c")], vec![kv(3, 2, "d")]],
+        &[
+            vec![kv(0, 0, 1, "a"), kv(0, 1, 2, "b"), kv(0, 2, 1, "c")],
+            vec![kv(0, 3, 2, "d")],
+        ],
     )
     .await;
     assert!(pairs(db, table).await.is_empty(), "nothing visible before commit");
     // The next interval upserts key 1 again while checkpoint 1 is still
     // prepared: it must not wait for checkpoint 1's commit.
-    let c2 = tokio::time::timeout(Duration::from_secs(20), prepare(&mut sink, 2, &[vec![kv(4, 1, "e")]]))
-        .await
-        .expect("writing a key held by a prepared transaction must not block");
+    let c2 = tokio::time::timeout(
+        Duration::from_secs(20),
+        prepare(&mut sink, 2, &[vec![kv(0, 4, 1, "e")]]),
+    )
+    .await
+    .expect("writing a key held by a prepared transaction must not block");
     sink.commit(&c1).await.unwrap();
     assert_eq!(pairs(db, table).await, expect_pairs(&[(1, "c"), (2, "d")]));
     sink.commit(&c2).await.unwrap();
@@ -215,8 +205,8 @@ async fn upsert_mode_keeps_the_last_value_per_key_and_never_blocks_on_a_prepared
 
     // A crash between COMMIT PREPARED and the merge: recovery finishes it,
     // whether the checkpoint lists the transaction or not.
-    let c3 = prepare(&mut sink, 3, &[vec![kv(5, 2, "f")]]).await;
-    let c4 = prepare(&mut sink, 4, &[vec![kv(6, 3, "g")]]).await;
+    let c3 = prepare(&mut sink, 3, &[vec![kv(0, 5, 2, "f")]]).await;
+    let c4 = prepare(&mut sink, 4, &[vec![kv(0, 6, 3, "g")]]).await;
     for c in [&c3, &c4] {
         db.batch_execute(&format!("COMMIT PREPARED '{}'", c.gid)).await.unwrap();
     }

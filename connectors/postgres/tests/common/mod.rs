@@ -81,6 +81,26 @@ pub fn record(partition: i32, offset: i64, value: &str) -> Record {
     Record::new(format!("orders-{partition}"), offset, value.as_bytes().to_vec())
 }
 
+/// A table of `id` (the upsert key) and `v`, created by the sink: the TOML
+/// after `url` and `table` (see [`config`]; the mode is its default).
+pub const KV_UPSERT: &str = r#"
+create_table = true
+upsert_key = ["id"]
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+v = { from = "/v", type = "text" }
+"#;
+
+/// A record `{"id": <id>, "v": "<v>"}` (for tables of `id` and `v`).
+pub fn kv(partition: i32, offset: i64, id: i64, v: &str) -> Record {
+    record(partition, offset, &format!(r#"{{"id":{id},"v":"{v}"}}"#))
+}
+
+/// What [`pairs`] returns for `expected`.
+pub fn expect_pairs(expected: &[(i64, &str)]) -> Vec<(i64, String)> {
+    expected.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
 /// begin → write each batch → pre_commit.
 pub async fn prepare(sink: &mut PostgresSink, checkpoint: u64, batches: &[Vec<Record>]) -> PostgresCommittable {
     let mut txn = sink.begin(CheckpointId(checkpoint)).await.expect("begin");

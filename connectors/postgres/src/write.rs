@@ -1,0 +1,148 @@
+//! What the three modes share: the connection, record → row conversion,
+//! binary COPY, statements that take a batch as one array per column, and
+//! dead-letter rows.
+
+use std::sync::Arc;
+
+use exactly_core::{ConnectorError, Record, SinkContext};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls, ToStatement};
+
+use crate::config::Settings;
+use crate::convert::{to_row, Cell, ColumnSpec};
+use crate::error::{classify, connect_error};
+
+/// Connects and drives the connection on its own task.
+pub(crate) async fn connect(settings: &Settings) -> Result<Client, ConnectorError> {
+    let (client, connection) = settings
+        .pg
+        .connect(NoTls)
+        .await
+        .map_err(|e| connect_error(&settings.url, &e))?;
+    let url = settings.url.clone();
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(%url, error = %e, "PostgreSQL connection ended with an error");
+        }
+    });
+    Ok(client)
+}
+
+/// A record that could not be converted, with the reason.
+pub(crate) struct BadRecord<'a> {
+    pub record: &'a Record,
+    pub error: String,
+}
+
+/// Converts every record: rows for the good ones, the reason for the others.
+pub(crate) fn convert<'a>(
+    records: impl IntoIterator<Item = &'a Record>,
+    columns: &[ColumnSpec],
+) -> (Vec<Vec<Cell>>, Vec<BadRecord<'a>>) {
+    let mut rows = Vec::new();
+    let mut bad = Vec::new();
+    for record in records {
+        match to_row(record, columns) {
+            Ok(cells) => rows.push(cells),
+            Err(error) => bad.push(BadRecord { record, error }),
+        }
+    }
+    (rows, bad)
+}
+
+/// COPYs rows in binary format.
+pub(crate) async fn copy_in(
+    client: &Client,
+    sql: &str,
+    types: &[Type],
+    rows: &[Vec<Cell>],
+) -> Result<u64, tokio_postgres::Error> {
+    let sink = client.copy_in(sql).await?;
+    let writer = BinaryCopyInWriter::new(sink, types);
+    let mut writer = std::pin::pin!(writer);
+    for row in rows {
+        let values: Vec<&(dyn ToSql + Sync)> = row.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+        writer.as_mut().write(&values).await?;
+    }
+    writer.finish().await
+}
+
+/// Runs `statement` with the rows sent as one array per column (`$1` is the
+/// array of every row's first cell, ...): one round trip per batch.
+pub(crate) async fn execute_columns<T: ?Sized + ToStatement>(
+    client: &Client,
+    statement: &T,
+    rows: Vec<Vec<Cell>>,
+) -> Result<u64, tokio_postgres::Error> {
+    let width = rows.first().map_or(0, Vec::len);
+    let mut columns: Vec<Vec<Cell>> = (0..width).map(|_| Vec::with_capacity(rows.len())).collect();
+    for row in rows {
+        for (column, cell) in columns.iter_mut().zip(row) {
+            column.push(cell);
+        }
+    }
+    let params: Vec<&(dyn ToSql + Sync)> = columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+    client.execute(statement, &params).await
+}
+
+/// The settings and place of one sink subtask: messages and dead-letter rows.
+#[derive(Clone)]
+pub(crate) struct Subtask {
+    pub settings: Arc<Settings>,
+    pub context: SinkContext,
+}
+
+impl Subtask {
+    /// `postgres sink <table> (subtask <n>): <action>`, the context of errors.
+    pub fn label(&self, action: &str) -> String {
+        format!(
+            "postgres sink {} (subtask {}): {action}",
+            self.settings.table_label, self.context.subtask
+        )
+    }
+
+    pub fn pg_error(&self, action: &str, e: &tokio_postgres::Error) -> ConnectorError {
+        classify(&self.label(action), &self.settings.url, e)
+    }
+
+    /// The connection of an open transaction is gone.
+    pub fn lost_connection(&self, action: &str) -> ConnectorError {
+        ConnectorError::transient(
+            self.label(action),
+            format!(
+                "lost the connection to PostgreSQL at {} during the transaction; check that the server is running",
+                self.settings.url
+            ),
+        )
+    }
+
+    /// A write before the sink was opened (a bug in the caller).
+    pub fn not_opened(&self, opener: &str) -> ConnectorError {
+        ConnectorError::fatal(
+            self.label("writing"),
+            format!("{opener} must run before any write (the runtime calls it first)"),
+        )
+    }
+
+    /// The dead-letter row of `bad` (columns of `DEAD_LETTER_COLUMNS`).
+    pub fn dead_letter_row(&self, bad: &BadRecord<'_>, checkpoint: i64) -> Vec<Cell> {
+        let record = bad.record;
+        let (topic, partition) = match record.topic_partition() {
+            Some((topic, partition)) => (Cell::Text(topic.to_string()), Cell::Int(partition)),
+            None => (Cell::Null, Cell::Null),
+        };
+        vec![
+            Cell::Text(self.context.pipeline.clone()),
+            Cell::Text(self.settings.table_label.clone()),
+            Cell::Text(record.split.clone()),
+            topic,
+            partition,
+            Cell::BigInt(record.offset),
+            record.key.clone().map_or(Cell::Null, Cell::Bytes),
+            Cell::Bytes(record.value.clone()),
+            Cell::Text(bad.error.replace('\0', "\\0")),
+            Cell::BigInt(checkpoint),
+        ]
+    }
+}
