@@ -83,7 +83,7 @@ pub struct RedisSinkConfig {
     pub increment: Option<String>,
     /// Default: `fenced` for increments, `replay-safe` otherwise.
     pub strategy: Option<Strategy>,
-    /// Spill folder for `write-ahead` (default: the system temp folder).
+    /// Spill folder for `write-ahead` (required there; must be durable).
     pub spill_dir: Option<PathBuf>,
     /// Accept increments without the fence (they over-count after a crash).
     #[serde(default)]
@@ -239,6 +239,14 @@ impl RedisSinkFactory {
                     .into(),
             ));
         }
+        if strategy == Strategy::WriteAhead && config.spill_dir.is_none() {
+            return Err(bad(
+                "spill_dir",
+                "write-ahead holds records of pending checkpoints in files: set spill_dir to a durable folder \
+                 (not a temporary file system), e.g. next to the checkpoint folder"
+                    .into(),
+            ));
+        }
         let plan = Arc::new(Plan {
             command: config.command,
             key,
@@ -260,11 +268,7 @@ impl RedisSinkFactory {
             Strategy::ReplaySafe => Arc::new(ReplaySafe(self)),
             Strategy::Fenced => Arc::new(Fenced(self)),
             Strategy::WriteAhead => {
-                let spill_dir = self
-                    .config
-                    .spill_dir
-                    .clone()
-                    .unwrap_or_else(|| std::env::temp_dir().join("exactly-spill"));
+                let spill_dir = self.config.spill_dir.clone().expect("checked by new()");
                 Arc::new(WriteAhead {
                     factory: self,
                     spill_dir,
@@ -364,6 +368,16 @@ fn redis_error(url: &str, e: redis::RedisError) -> ConnectorError {
         )
     } else if e.kind() == redis::ErrorKind::AuthenticationFailed {
         ConnectorError::fatal("redis sink", format!("{url}: {e} (check the password in the url)"))
+    } else if matches!(
+        e.kind(),
+        redis::ErrorKind::ResponseError | redis::ErrorKind::ExtensionError | redis::ErrorKind::TypeError
+    ) {
+        // The server refused the command itself (e.g. WRONGTYPE, an increment
+        // overflow): retrying the same records would fail the same way.
+        ConnectorError::fatal(
+            "redis sink",
+            format!("{url} refused the write: {e} (a key holds another type, or a value does not fit: fix the key mapping or the data)"),
+        )
     } else {
         ConnectorError::transient("redis sink", format!("{url}: {e}"))
     }
@@ -434,9 +448,43 @@ fn fence_script() -> &'static redis::Script {
 #[async_trait]
 impl IdempotentSink for RedisSink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("PING");
-        self.send(&pipe).await
+        let mut con = self.connection().await?;
+        let result: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendfsync")
+            .query_async(&mut con)
+            .await;
+        let appendonly: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendonly")
+            .query_async(&mut con)
+            .await;
+        // Best effort: CONFIG may be disabled on managed servers.
+        let (appendonly, appendfsync) = match (appendonly, result) {
+            (Ok(a), Ok(f)) => (a, f),
+            (Err(e), _) | (_, Err(e)) if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() => {
+                return Err(self.check::<()>(Err(e)).unwrap_err())
+            }
+            _ => {
+                tracing::debug!(url = %self.url, "CONFIG GET not allowed; durability settings unknown");
+                return Ok(());
+            }
+        };
+        match (
+            appendonly.get(1).map(String::as_str),
+            appendfsync.get(1).map(String::as_str),
+        ) {
+            (Some("yes"), Some("always")) => {}
+            (aof, fsync) => tracing::warn!(
+                url = %self.url,
+                appendonly = ?aof,
+                appendfsync = ?fsync,
+                "Redis does not fsync every write (appendonly yes + appendfsync always): after a crash of the \
+                 Redis server itself, writes acknowledged before it may be lost while the pipeline's checkpoints \
+                 already cover them"
+            ),
+        }
+        Ok(())
     }
 
     async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {

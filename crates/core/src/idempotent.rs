@@ -186,9 +186,18 @@ pub struct WriteAhead<F> {
 pub enum HeldRecords {
     /// Records stored in the checkpoint.
     Inline(Vec<Record>),
-    /// Records spilled to this file (JSON lines).
-    Spilled(PathBuf),
+    /// Records spilled to this file (JSON lines), named relative to the spill
+    /// folder so the pipeline can run from another working folder.
+    Spilled(String),
 }
+
+/// Committed spill files are renamed `<name>.done` and kept (the newest
+/// [`DONE_MARKERS_KEPT`] per subtask) so a repeated commit after a crash can tell
+/// "already committed" from "lost".
+const DONE_SUFFIX: &str = ".done";
+/// Done markers kept per subtask: far more than a checkpoint can list as
+/// pending, since only the newest complete checkpoint is ever restored.
+const DONE_MARKERS_KEPT: usize = 100;
 
 struct WriteAheadSink<S> {
     sink: S,
@@ -220,13 +229,14 @@ impl<S: IdempotentSink> WriteAheadSink<S> {
         format!("spill-{}-", self.context.subtask)
     }
 
-    async fn spill(&mut self, checkpoint: CheckpointId, records: &[Record]) -> Result<PathBuf, ConnectorError> {
-        let path = self.spill_dir.join(format!(
-            "{}{}-{:08x}.jsonl",
+    async fn spill(&mut self, checkpoint: CheckpointId, records: &[Record]) -> Result<String, ConnectorError> {
+        let name = format!(
+            "{}{:010}-{:08x}.jsonl",
             self.spill_prefix(),
             checkpoint.0,
             rand::random::<u32>()
-        ));
+        );
+        let path = self.spill_dir.join(&name);
         let mut bytes = Vec::new();
         for r in records {
             serde_json::to_writer(&mut bytes, r).map_err(|e| spill_error(&path, e))?;
@@ -245,22 +255,79 @@ impl<S: IdempotentSink> WriteAheadSink<S> {
         .await
         .expect("spill task panicked")
         .map_err(|e| spill_error(&path, e))?;
-        Ok(path)
+        Ok(name)
     }
 
-    async fn read_spill(path: &std::path::Path) -> Result<Option<Vec<Record>>, ConnectorError> {
-        match tokio::fs::read(path).await {
+    /// The spilled records, `None` when the file was already committed, or
+    /// `DataLoss` when neither the file nor its done marker exists.
+    async fn read_spill(&mut self, name: &str) -> Result<Option<Vec<Record>>, ConnectorError> {
+        let path = self.spill_dir.join(name);
+        match tokio::fs::read(&path).await {
             Ok(bytes) => bytes
                 .split(|b| *b == b'\n')
                 .filter(|l| !l.is_empty())
-                .map(|l| serde_json::from_slice(l).map_err(|e| spill_error(path, e)))
+                .map(|l| serde_json::from_slice(l).map_err(|e| spill_error(&path, e)))
                 .collect::<Result<Vec<Record>, _>>()
                 .map(Some),
-            // Deleted only after its records were written: already committed.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(spill_error(path, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if tokio::fs::try_exists(self.spill_dir.join(format!("{name}{DONE_SUFFIX}")))
+                    .await
+                    .unwrap_or(false)
+                {
+                    Ok(None)
+                } else {
+                    Err(ConnectorError::DataLoss {
+                        context: "write-ahead sink".into(),
+                        checkpoint: checkpoint_of(name),
+                        message: format!(
+                            "spill file {} is gone and was never committed (was the spill folder on a \
+                             temporary file system, or cleaned?)",
+                            path.display()
+                        ),
+                    })
+                }
+            }
+            Err(e) => Err(spill_error(&path, e)),
         }
     }
+
+    /// Marks a spill file committed and prunes old markers of this subtask.
+    async fn mark_done(&mut self, name: &str) -> Result<(), ConnectorError> {
+        let path = self.spill_dir.join(name);
+        tokio::fs::rename(&path, self.spill_dir.join(format!("{name}{DONE_SUFFIX}")))
+            .await
+            .map_err(|e| spill_error(&path, e))?;
+        let mut done = self.own_files(|n| n.ends_with(DONE_SUFFIX)).await;
+        done.sort();
+        for old in done.iter().rev().skip(DONE_MARKERS_KEPT) {
+            let _ = tokio::fs::remove_file(self.spill_dir.join(old)).await;
+        }
+        Ok(())
+    }
+
+    /// Names of this subtask's files in the spill folder that match `filter`.
+    async fn own_files(&mut self, filter: impl Fn(&str) -> bool + Send) -> Vec<String> {
+        let mut names = Vec::new();
+        if let Ok(mut entries) = tokio::fs::read_dir(&self.spill_dir).await {
+            while let Ok(Some(e)) = entries.next_entry().await {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&self.spill_prefix()) && filter(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        names
+    }
+}
+
+fn checkpoint_of(spill_name: &str) -> CheckpointId {
+    CheckpointId(
+        spill_name
+            .split('-')
+            .nth(2)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_default(),
+    )
 }
 
 /// An interval's records on their way to a [`WriteAhead`] checkpoint.
@@ -281,22 +348,19 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
         }
         // Spill files the checkpoint does not list belong to intervals that never
         // completed: their records will be replayed.
-        let listed: Vec<&PathBuf> = pending
+        let listed: Vec<&str> = pending
             .iter()
             .filter_map(|h| match h {
-                HeldRecords::Spilled(p) => Some(p),
+                HeldRecords::Spilled(name) => Some(name.as_str()),
                 HeldRecords::Inline(_) => None,
             })
             .collect();
-        if let Ok(mut entries) = tokio::fs::read_dir(&self.spill_dir).await {
-            while let Ok(Some(e)) = entries.next_entry().await {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&self.spill_prefix()) && !listed.contains(&&e.path()) {
-                    tokio::fs::remove_file(e.path())
-                        .await
-                        .map_err(|err| spill_error(&e.path(), err))?;
-                }
-            }
+        for name in self
+            .own_files(|n| !n.ends_with(DONE_SUFFIX) && !listed.contains(&n))
+            .await
+        {
+            let path = self.spill_dir.join(&name);
+            tokio::fs::remove_file(&path).await.map_err(|e| spill_error(&path, e))?;
         }
         Ok(())
     }
@@ -324,7 +388,7 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
     async fn commit(&mut self, held: &HeldRecords) -> Result<(), ConnectorError> {
         let records = match held {
             HeldRecords::Inline(r) => r.clone(),
-            HeldRecords::Spilled(path) => match Self::read_spill(path).await? {
+            HeldRecords::Spilled(name) => match self.read_spill(name).await? {
                 Some(r) => r,
                 None => return Ok(()),
             },
@@ -332,8 +396,8 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
         let outcome = self.sink.write(&records).await?;
         self.sink.flush().await?;
         count(&self.context.metrics, &outcome);
-        if let HeldRecords::Spilled(path) = held {
-            tokio::fs::remove_file(path).await.map_err(|e| spill_error(path, e))?;
+        if let HeldRecords::Spilled(name) = held {
+            self.mark_done(name).await?;
         }
         Ok(())
     }
@@ -517,10 +581,42 @@ mod tests {
         let values = store.values.lock().unwrap().clone();
         assert_eq!(values.get("k2").map(String::as_str), Some("v5"));
         assert_eq!(values.len(), 3);
-        assert_eq!(
-            std::fs::read_dir(spill.path().join("p")).unwrap().count(),
-            0,
-            "{orphan_interval}"
+        let left: Vec<String> = std::fs::read_dir(spill.path().join("p"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.iter().all(|n| n.ends_with(".done")),
+            "orphan {orphan_interval} removed: {left:?}"
+        );
+        assert_eq!(left.len(), 1, "the committed interval's done marker stays: {left:?}");
+    }
+
+    #[tokio::test]
+    async fn a_lost_spill_file_is_reported_as_data_loss() {
+        let spill = tempfile::tempdir().unwrap();
+        let factory = WriteAhead {
+            factory: StoreFactory(Store::default()),
+            spill_dir: spill.path().to_path_buf(),
+            inline_limit: 0,
+        };
+        let mut sink = factory.create(context()).unwrap();
+        sink.recover(&[]).await.unwrap();
+        sink.write(CheckpointId(4), &keyed(0..3)).await.unwrap();
+        let held = sink.pre_commit().await.unwrap().unwrap();
+        for e in std::fs::read_dir(spill.path().join("p")).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        let err = factory.create(context()).unwrap().recover(&[held]).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConnectorError::DataLoss {
+                    checkpoint: CheckpointId(4),
+                    ..
+                }
+            ),
+            "{err}"
         );
     }
 

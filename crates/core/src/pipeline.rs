@@ -135,6 +135,10 @@ pub struct Pipeline {
     sink: Arc<dyn SinkFactory>,
     store: Arc<dyn CheckpointStore>,
     metrics: Arc<Metrics>,
+    /// A checkpoint write still running when its attempt failed. The next
+    /// attempt waits for it before reading the store, so it never restores an
+    /// older checkpoint while a newer one is landing.
+    persisting: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 enum Msg {
@@ -192,6 +196,7 @@ impl Pipeline {
             sink,
             store,
             metrics: Arc::new(Metrics::default()),
+            persisting: std::sync::Mutex::new(None),
         })
     }
 
@@ -291,7 +296,12 @@ impl Pipeline {
         let p = self.config.parallelism;
         let descriptor = self.descriptor();
 
-        // 1. Restore the latest complete checkpoint.
+        // 1. Restore the latest complete checkpoint (after any write of the
+        //    previous attempt has landed or failed).
+        let previous_write = self.persisting.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(write) = previous_write {
+            let _ = write.await;
+        }
         let store = self.store.clone();
         let latest = tokio::task::spawn_blocking(move || store.latest())
             .await
@@ -316,6 +326,22 @@ impl Pipeline {
             .expect("checkpoint store task panicked")
             .map_err(|e| self.store_failure(e))?;
         let positions = latest.as_ref().map(|e| e.checkpoint.positions.clone());
+        if let Some(entry) = &latest {
+            if let Some(orphaned) = entry.checkpoint.pending.keys().find(|i| **i >= p) {
+                return Err(self.fail(
+                    false,
+                    false,
+                    PipelineError::Config(format!(
+                        "checkpoint {} holds pending transactions of sink subtask {orphaned}, but parallelism is now {p}: \
+                         they would never be committed. Resume with the old parallelism once (it commits them), then change it",
+                        entry.checkpoint.id
+                    )),
+                ));
+            }
+        }
+        // The first checkpoint of this attempt is `base + 1`: above the restored
+        // one and above every id an earlier run may have used.
+        let base = restored_id.max(reserved).unwrap_or_default();
 
         // 2. Sinks recover: commit what the checkpoint lists, abort the rest. No
         //    data flows before every sink subtask has recovered.
@@ -373,11 +399,11 @@ impl Pipeline {
                 sink,
                 guarantee: self.config.guarantee,
                 ledger: CommitLedger::new(),
-                barrier_seen: vec![restored_id.unwrap_or_default(); p],
+                barrier_seen: vec![base; p],
                 blocked: vec![false; p],
                 closed: vec![false; p],
                 next_input: 0,
-                last_snapshot: restored_id.unwrap_or_default(),
+                last_snapshot: base,
                 reports: report_tx.clone(),
                 metrics: self.metrics.clone(),
             };
@@ -417,6 +443,13 @@ impl Pipeline {
         loop {
             let events: Vec<Event> = tokio::select! {
                 _ = ticker.tick() => vec![Event::Tick { now_ms: now_ms() }],
+                Some(Err(joined)) = tasks.join_next() => {
+                    error!(error = %joined, "a subtask panicked");
+                    return Err(self.connector_failure(
+                        made_progress,
+                        ConnectorError::transient("subtask", format!("panicked: {joined}")),
+                    ));
+                }
                 _ = stop.changed(), if !stopping => {
                     stopping = true;
                     for c in &source_controls {
@@ -479,7 +512,7 @@ impl Pipeline {
                             let store = self.store.clone();
                             let tx = report_tx.clone();
                             let id = entry.checkpoint.id;
-                            tokio::task::spawn_blocking(move || {
+                            let write = tokio::task::spawn_blocking(move || {
                                 fault::point("coordinator.before_persist");
                                 let result = store.save(&entry);
                                 if result.is_ok() {
@@ -487,6 +520,7 @@ impl Pipeline {
                                 }
                                 let _ = tx.send(Report::Persisted(id, result));
                             });
+                            *self.persisting.lock().unwrap_or_else(|e| e.into_inner()) = Some(write);
                         }
                         Action::Complete { checkpoint } => {
                             let duration = triggered_at
@@ -611,7 +645,13 @@ impl SourceTask {
                         let state = TaskState::Source(position);
                         let _ = self.reports.send(Report::Ack(id, TaskId::Source(self.index), state));
                     }
-                    SourceCommand::Complete(id) => self.source.checkpoint_complete(id).await?,
+                    SourceCommand::Complete(id) => {
+                        // Progress publishing only (e.g. consumer-group offsets for lag
+                        // tools): a failure here must not restart the pipeline.
+                        if let Err(e) = self.source.checkpoint_complete(id).await {
+                            warn!(checkpoint = %id, error = %e, "source could not publish checkpoint progress");
+                        }
+                    }
                     SourceCommand::Stop => {
                         if !finished {
                             finished = true;

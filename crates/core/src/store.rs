@@ -208,12 +208,16 @@ impl FsCheckpointStore {
         &self.dir
     }
 
-    /// Reads and verifies one entry.
+    /// Reads and verifies one entry; `Err` describes why it is unusable.
     pub fn read(&self, name: &str) -> Result<CheckpointEntry, String> {
         let path = self.dir.join(name);
         let bytes = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Self::decode(&path, name, &bytes)
+    }
+
+    fn decode(path: &Path, name: &str, bytes: &[u8]) -> Result<CheckpointEntry, String> {
         let env: Envelope =
-            serde_json::from_slice(&bytes).map_err(|e| format!("{} is not a checkpoint entry: {e}", path.display()))?;
+            serde_json::from_slice(bytes).map_err(|e| format!("{} is not a checkpoint entry: {e}", path.display()))?;
         if checksum(&env.entry) != env.sha256 {
             return Err(format!("{} fails its checksum", path.display()));
         }
@@ -225,7 +229,15 @@ impl FsCheckpointStore {
 
     /// temp file, fsync, rename, fsync of the folder.
     fn write_atomically(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        if !self.dir.exists() {
+            fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+            // Make the new folder itself durable in its parent.
+            if let Some(parent) = self.dir.parent() {
+                fs::File::open(parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io_err(parent))?;
+            }
+        }
         let tmp = self.dir.join(format!(".tmp-{name}"));
         {
             let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
@@ -295,9 +307,22 @@ impl CheckpointStore for FsCheckpointStore {
 
     fn latest(&self) -> Result<Option<CheckpointEntry>, StoreError> {
         for name in self.list()?.iter().rev() {
-            match self.read(&name.file_name) {
+            let path = self.dir.join(&name.file_name);
+            let bytes = match fs::read(&path) {
+                Ok(bytes) => bytes,
+                // Pruned since the listing: an older one is next anyway.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                // The store is unreadable right now: never fall back to an older
+                // checkpoint (or a first start) because of that; retry instead.
+                Err(e) => return Err(io_err(&path)(e)),
+            };
+            match Self::decode(&path, &name.file_name, &bytes) {
                 Ok(entry) => return Ok(Some(entry)),
-                Err(problem) => tracing::warn!(%problem, "skipping unreadable checkpoint entry"),
+                Err(problem) => tracing::error!(
+                    %problem,
+                    "skipping a corrupt checkpoint entry and falling back to an older one; \
+                     if the corrupt one had completed, its commits may be replayed"
+                ),
             }
         }
         Ok(None)
