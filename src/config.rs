@@ -139,6 +139,8 @@ pub enum SinkSection {
     Redis(exactly_redis::RedisSinkConfig),
     /// A PostgreSQL table.
     Postgres(exactly_postgres::PostgresSinkConfig),
+    /// A Kafka topic, written in transactions.
+    Kafka(exactly_kafka::KafkaSinkConfig),
 }
 
 /// `[sink.file]`.
@@ -221,7 +223,7 @@ impl PipelineFile {
                     fix(d)
                 }
             }
-            SinkSection::Postgres(_) => {}
+            SinkSection::Postgres(_) | SinkSection::Kafka(_) => {}
         }
     }
 
@@ -284,6 +286,11 @@ impl PipelineFile {
                     key: "sink.redis".into(),
                     problem: e.to_string(),
                 }),
+            SinkSection::Kafka(k) => k.validate().map_err(|e| ConfigError::Invalid {
+                path: origin.to_string(),
+                key: format!("sink.kafka.{}", e.key),
+                problem: e.problem,
+            }),
             SinkSection::File(_) => Ok(()),
         }
     }
@@ -356,6 +363,11 @@ impl PipelineFile {
             SinkSection::Postgres(p) => Arc::new(
                 exactly_postgres::PostgresSinkFactory::new(p.clone())
                     .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
+            ),
+            SinkSection::Kafka(k) => Arc::new(
+                exactly_kafka::KafkaSinkFactory::new(&self.name, k.clone())
+                    .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?
+                    .with_checkpoint_interval(self.pipeline_config().checkpoint.interval),
             ),
         };
         Pipeline::new(self.pipeline_config(), source, sink, Arc::new(self.store()))

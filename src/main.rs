@@ -233,7 +233,10 @@ async fn connect(url: &str) -> Result<tokio_postgres::Client> {
 async fn count_rows(url: &str) -> Result<(i64, i64)> {
     let client = connect(url).await?;
     let rows = client.query_one("SELECT count(*) FROM orders", &[]).await?.get(0);
-    let prepared = client.query_one("SELECT count(*) FROM pg_prepared_xacts", &[]).await?.get(0);
+    let prepared = client
+        .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
+        .await?
+        .get(0);
     Ok((rows, prepared))
 }
 

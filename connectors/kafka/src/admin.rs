@@ -94,6 +94,7 @@ impl ProduceRecord {
 #[derive(Clone, Debug)]
 pub struct KafkaAdmin {
     bootstrap: String,
+    properties: BTreeMap<String, String>,
 }
 
 impl KafkaAdmin {
@@ -101,7 +102,15 @@ impl KafkaAdmin {
     pub fn new(bootstrap: impl Into<String>) -> Self {
         KafkaAdmin {
             bootstrap: bootstrap.into(),
+            properties: BTreeMap::new(),
         }
+    }
+
+    /// Adds a librdkafka setting to every client this creates, e.g.
+    /// `("batch.num.messages", "1")` for one record per batch.
+    pub fn with_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(key.into(), value.into());
+        self
     }
 
     /// The bootstrap servers.
@@ -118,7 +127,7 @@ impl KafkaAdmin {
     }
 
     fn config(&self) -> ClientConfig {
-        client_config(&self.bootstrap, &BTreeMap::new())
+        client_config(&self.bootstrap, &self.properties)
     }
 
     fn admin_client(&self, action: &str) -> Result<(AdminClient<DefaultClientContext>, AdminOptions), AdminError> {

@@ -201,7 +201,7 @@ impl<'de> Deserialize<'de> for StartPosition {
     }
 }
 
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text).map_err(|e| {
         de::Error::custom(format!(
@@ -244,24 +244,38 @@ impl<'de> Deserialize<'de> for PropertyValue {
     }
 }
 
-fn de_properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+pub(crate) fn de_properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
     let map = BTreeMap::<String, PropertyValue>::deserialize(d)?;
     Ok(map.into_iter().map(|(k, v)| (k, v.0)).collect())
 }
 
-/// A setting of [`KafkaSourceConfig`] is invalid. `key` is the setting's name
-/// inside `[source.kafka]`; the message says how to fix it.
+/// A setting of [`KafkaSourceConfig`] or [`KafkaSinkConfig`](crate::KafkaSinkConfig)
+/// is invalid. `key` is the setting's name inside `[source.kafka]` or
+/// `[sink.kafka]`; the message says how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("kafka source: `{key}` {problem}")]
+#[error("kafka {connector}: `{key}` {problem}")]
 pub struct KafkaConfigError {
+    /// `"source"` or `"sink"`.
+    pub connector: &'static str,
     /// The offending key (`topic`, `properties."group.id"`, ...).
     pub key: String,
     /// What is wrong and how to fix it.
     pub problem: String,
 }
 
-fn invalid(key: impl Into<String>, problem: impl Into<String>) -> Result<(), KafkaConfigError> {
+impl KafkaConfigError {
+    /// The same error, reported for the sink's section.
+    pub(crate) fn in_sink(self) -> KafkaConfigError {
+        KafkaConfigError {
+            connector: "sink",
+            ..self
+        }
+    }
+}
+
+pub(crate) fn invalid(key: impl Into<String>, problem: impl Into<String>) -> Result<(), KafkaConfigError> {
     Err(KafkaConfigError {
+        connector: "source",
         key: key.into(),
         problem: problem.into(),
     })
@@ -290,16 +304,7 @@ impl KafkaSourceConfig {
 
     /// Checks every setting; the error names the key and the fix.
     pub fn validate(&self) -> Result<(), KafkaConfigError> {
-        let servers: Vec<&str> = self.bootstrap.split(',').map(str::trim).collect();
-        if self.bootstrap.trim().is_empty() {
-            return invalid("bootstrap", "is empty; set it to the brokers, e.g. \"127.0.0.1:9092\"");
-        }
-        if let Some(bad) = servers.iter().find(|s| s.is_empty() || s.contains(char::is_whitespace)) {
-            return invalid(
-                "bootstrap",
-                format!("has an invalid entry \"{bad}\"; write HOST:PORT entries separated by commas"),
-            );
-        }
+        check_bootstrap(&self.bootstrap)?;
         check_topic(&self.topic)?;
         if let StartPosition::Timestamp(ms) = self.start {
             if ms < 0 {
@@ -323,25 +328,50 @@ impl KafkaSourceConfig {
         if self.startup_timeout.is_zero() {
             return invalid("startup_timeout", "must be greater than 0s; write e.g. \"30s\"");
         }
-        for (key, value) in &self.properties {
-            if let Some((_, fix)) = RESERVED_PROPERTIES.iter().find(|(k, _)| k == key) {
-                return invalid(
-                    format!("properties.\"{key}\""),
-                    format!("is set by the source and cannot be overridden: {fix}"),
-                );
-            }
-            if key.trim().is_empty() || value.contains('\0') {
-                return invalid(format!("properties.\"{key}\""), "is not a valid librdkafka setting");
-            }
-        }
-        Ok(())
+        check_properties(&self.properties, RESERVED_PROPERTIES, "source")
     }
 }
 
+/// `HOST:PORT[,HOST:PORT...]`.
+pub(crate) fn check_bootstrap(bootstrap: &str) -> Result<(), KafkaConfigError> {
+    if bootstrap.trim().is_empty() {
+        return invalid("bootstrap", "is empty; set it to the brokers, e.g. \"127.0.0.1:9092\"");
+    }
+    let servers: Vec<&str> = bootstrap.split(',').map(str::trim).collect();
+    if let Some(bad) = servers.iter().find(|s| s.is_empty() || s.contains(char::is_whitespace)) {
+        return invalid(
+            "bootstrap",
+            format!("has an invalid entry \"{bad}\"; write HOST:PORT entries separated by commas"),
+        );
+    }
+    Ok(())
+}
+
+/// Extra librdkafka settings: none of `reserved` (setting, what to use
+/// instead), which the `owner` (`source`, `sink`) sets itself.
+pub(crate) fn check_properties(
+    properties: &BTreeMap<String, String>,
+    reserved: &[(&str, &str)],
+    owner: &str,
+) -> Result<(), KafkaConfigError> {
+    for (key, value) in properties {
+        if let Some((_, fix)) = reserved.iter().find(|(k, _)| k == key) {
+            return invalid(
+                format!("properties.\"{key}\""),
+                format!("is set by the {owner} and cannot be overridden: {fix}"),
+            );
+        }
+        if key.trim().is_empty() || value.contains('\0') {
+            return invalid(format!("properties.\"{key}\""), "is not a valid librdkafka setting");
+        }
+    }
+    Ok(())
+}
+
 /// Kafka's rules for topic names.
-fn check_topic(topic: &str) -> Result<(), KafkaConfigError> {
+pub(crate) fn check_topic(topic: &str) -> Result<(), KafkaConfigError> {
     if topic.is_empty() {
-        return invalid("topic", "is empty; set it to the topic to read");
+        return invalid("topic", "is empty; set it to the topic's name");
     }
     if topic == "." || topic == ".." || topic.len() > 249 {
         return invalid("topic", format!("\"{topic}\" is not a valid Kafka topic name"));
@@ -358,27 +388,25 @@ fn check_topic(topic: &str) -> Result<(), KafkaConfigError> {
     Ok(())
 }
 
+/// Test support: the `[<side>.kafka]` section of a pipeline file with
+/// `bootstrap = "127.0.0.1:9092"`, `topic` and then `body`, deserialized.
+#[cfg(test)]
+pub(crate) fn parse_section<T: serde::de::DeserializeOwned>(side: &str, topic: &str, body: &str) -> Result<T, String> {
+    let text = format!("[{side}.kafka]\nbootstrap = \"127.0.0.1:9092\"\ntopic = \"{topic}\"\n{body}");
+    let mut file: toml::Table = toml::from_str(&text).map_err(|e| e.to_string())?;
+    let section = file
+        .remove(side)
+        .and_then(|v| v.as_table().and_then(|t| t.get("kafka")).cloned())
+        .ok_or("no section")?;
+    section.try_into().map_err(|e: toml::de::Error| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[derive(Debug, Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct File {
-        source: Source,
-    }
-
-    #[derive(Debug, Deserialize)]
-    #[serde(rename_all = "snake_case", deny_unknown_fields)]
-    enum Source {
-        Kafka(KafkaSourceConfig),
-    }
-
     fn parse(body: &str) -> Result<KafkaSourceConfig, String> {
-        let text = format!("[source.kafka]\nbootstrap = \"127.0.0.1:9092\"\ntopic = \"orders\"\n{body}");
-        let File {
-            source: Source::Kafka(config),
-        } = toml::from_str(&text).map_err(|e| e.to_string())?;
+        let config: KafkaSourceConfig = parse_section("source", "orders", body)?;
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }

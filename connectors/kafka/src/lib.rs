@@ -1,6 +1,7 @@
 //! # exactly-kafka
 //!
-//! A Kafka source whose offsets live in exactly's checkpoints.
+//! A Kafka source whose offsets live in exactly's checkpoints, and a
+//! transactional Kafka sink that ties every checkpoint to Kafka transactions.
 //!
 //! - [`KafkaSourceConfig`]: the `[source.kafka]` settings (see its docs for
 //!   every key and default), checked by [`KafkaSourceConfig::validate`].
@@ -9,6 +10,8 @@
 //!   assigned explicitly; splits are named `<topic>-<partition>`; records are
 //!   read with `read_committed`; new partitions are picked up and read from
 //!   their beginning.
+//! - [`KafkaSinkConfig`] / [`KafkaSinkFactory`]: the `[sink.kafka]` settings
+//!   and the transactional sink (see [below](#the-sink)).
 //! - [`admin`]: plain clients for tests and demos (create topics, produce,
 //!   read a topic back).
 //!
@@ -34,14 +37,90 @@
 //! Fatal consumer errors (authorization, librdkafka fatal errors) become
 //! [`exactly_core::ConnectorError::Fatal`]. Brokers that do not answer within
 //! `startup_timeout` at `restore` give a transient error naming the bootstrap.
+//!
+//! ## The sink
+//!
+//! Every sink subtask owns a fixed pool of `pool_size` transactional ids,
+//! `<prefix>-<subtask>-<slot>` (prefix `exactly-<pipeline>` unless
+//! `transactional_id_prefix` says otherwise), each with its own librdkafka
+//! producer. The set of ids a pipeline owns is known and never grows, so
+//! recovery can find every transaction a crash left behind.
+//!
+//! | step | what the sink does |
+//! |---|---|
+//! | `begin` | takes the next free slot (rotating) and begins a transaction there — lazily, on the first record of an interval, as the runtime calls it: beginning is local in librdkafka, an idle interval holds no transaction, and the broker's timeout starts with the data |
+//! | `write` | queues the records (key and value as configured; timestamp and headers kept) |
+//! | `pre_commit` | flushes, fails the checkpoint on any delivery error, checks librdkafka's statistics (same producer id and epoch, transaction still committable) and returns `{transactional_id, producer_id, epoch, checkpoint, topic}` |
+//! | `commit` | `commit_transaction` on the producer that still holds the transaction; otherwise EndTxn (`exactly_kafka_wire::end_txn`) as the recorded producer id and epoch |
+//! | `recover` | EndTxn-commits every listed transaction (never InitProducerId first: it would abort it), then initializes a producer for every pooled id the list does not name, which aborts what was left open there |
+//!
+//! EndTxn answers: `Ok` (also for an already committed transaction) is
+//! success; INVALID_TXN_STATE, PRODUCER_FENCED / INVALID_PRODUCER_EPOCH and
+//! INVALID_PRODUCER_ID_MAPPING mean the transaction is gone (it timed out, or
+//! another producer of the id fenced it): a
+//! [`DataLoss`](exactly_core::ConnectorError::DataLoss) naming the id and the
+//! checkpoint, or with `on_lost_transaction = "warn"` an error log and a
+//! count ([`KafkaSinkMetricsSnapshot::lost_transactions`]). Coordinator
+//! moves, loading coordinators and CONCURRENT_TRANSACTIONS are retried with
+//! backoff. Nisshi answers a refused EndTxn by closing the connection: three
+//! closed connections in a row count as a refusal.
+//!
+//! **Why slots, and why one more than expected.** A pre-committed
+//! transaction stays open until its checkpoint completes while the next
+//! interval already writes, so a subtask needs at least two producers.
+//! A third is needed because a committed transaction's id is kept out of
+//! use until the next checkpoint completes: until then the latest persisted
+//! checkpoint still lists it, a recovery from it sends EndTxn with its
+//! producer id and epoch, and a new transaction on the same producer (same
+//! id and epoch) would be committed by that EndTxn. Each further slot rides
+//! out one more failed checkpoint in a row; when every slot is busy the next
+//! `begin` fails with an error that says so (the pipeline restarts). For the
+//! same reason `recover` does not initialize the listed ids: a second
+//! recovery from the same checkpoint must find them at the same epoch.
+//!
+//! **Guardrails.** At `recover` the broker's `transaction.max.timeout.ms`
+//! (DescribeConfigs) is read and a larger `transaction_timeout` is refused;
+//! brokers that do not report it (Nisshi) are not checked. A warning says
+//! when `transaction_timeout` is less than 1.5 × (2 checkpoint intervals +
+//! `expected_restart_time`); the interval comes from
+//! [`KafkaSinkFactory::with_checkpoint_interval`], which the `exactly`
+//! command calls with `[checkpoint] interval`. Every pre-committed
+//! transaction older than `timeout_warning_share` of the timeout is warned
+//! about once.
+//!
+//! **Records.** A record whose key or value cannot be taken as configured (a
+//! JSON pointer into a value that is not JSON or lacks the field) stops the
+//! pipeline with a fatal error naming the record: nothing is dropped silently.
+//!
+//! **Brokers.** Apache Kafka, and Nisshi 0.7.0-pre.2 with in-memory storage
+//! (what the tests use). Nisshi's SQLite storage is not fit for transactional
+//! producers: InitProducerId leaves a crashed producer's transaction open, a
+//! producer epoch cannot write a second transaction to a partition while an
+//! overlapping transaction is open (it hangs up on AddPartitionsToTxn), and
+//! with a fresh epoch per transaction instead, some commits that succeeded
+//! for librdkafka wrote no COMMIT marker.
 
 pub mod admin;
 mod client;
 mod config;
+mod producer;
+mod sink;
+mod sink_config;
 mod source;
+
+/// The raw protocol client the sink finishes transactions with; its
+/// [`read_committed`](exactly_kafka_wire::read_committed) checks what
+/// read_committed consumers may see of a topic.
+pub use exactly_kafka_wire as wire;
 
 pub use client::KafkaSourceMetricsSnapshot;
 pub use config::{
     KafkaConfigError, KafkaSourceConfig, StartPosition, DEFAULT_PARTITION_DISCOVERY_INTERVAL, DEFAULT_STARTUP_TIMEOUT,
+};
+pub use sink::{KafkaCommittable, KafkaSinkFactory, KafkaSinkMetricsSnapshot, KafkaTransaction};
+pub use sink_config::{
+    check_broker_timeout_limit, needed_transaction_time, past_timeout_share, timeout_headroom_warning, KafkaSinkConfig,
+    KeyFrom, OnLostTransaction, ValueFrom, DEFAULT_EXPECTED_RESTART_TIME, DEFAULT_POOL_SIZE,
+    DEFAULT_TIMEOUT_WARNING_SHARE, DEFAULT_TRANSACTION_TIMEOUT, MIN_POOL_SIZE,
 };
 pub use source::{split_name, KafkaSourceFactory};

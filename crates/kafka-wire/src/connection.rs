@@ -146,7 +146,9 @@ impl KafkaConnection {
 
     /// ApiVersions at the highest version this client speaks; a broker that
     /// does not know it answers UNSUPPORTED_VERSION in the v0 format with its
-    /// own range, and the request is repeated in that range.
+    /// own range, and the request is repeated in that range. A refusal that
+    /// is not in the v0 format (librdkafka's mock cluster answers a v3
+    /// request with a one-byte array count) is retried one version lower.
     async fn handshake(&mut self) -> Result<(), WireError> {
         let api = ApiKey::ApiVersions;
         let request = ApiVersionsRequest::default()
@@ -159,7 +161,15 @@ impl KafkaConnection {
             // UNSUPPORTED_VERSION answer is always in the v0 format.
             let unsupported = payload.get(..2) == Some(&ResponseError::UnsupportedVersion.code().to_be_bytes()[..]);
             let decode_version = if unsupported { 0 } else { version };
-            let response = decode_body::<ApiVersionsResponse>(&self.addr, api, decode_version, &mut payload)?;
+            let response = match decode_body::<ApiVersionsResponse>(&self.addr, api, decode_version, &mut payload) {
+                Ok(response) => response,
+                Err(error) if unsupported && version > API_VERSIONS.min => {
+                    debug!(broker = %self.addr, version, %error, "undecodable ApiVersions refusal; trying one version lower");
+                    version -= 1;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
             if !unsupported {
                 break response;
             }

@@ -145,7 +145,8 @@ pub enum WireError {
     /// Reading a partition stopped advancing before its high watermark.
     #[error(
         "reading {topic}/{partition} from Kafka broker {addr} stalled at offset {offset} \
-         (high watermark {high_watermark})"
+         (high watermark {})",
+        high_watermark.map_or_else(|| "unknown".to_string(), |hw| hw.to_string())
     )]
     Stalled {
         /// The broker address.
@@ -156,8 +157,8 @@ pub enum WireError {
         partition: i32,
         /// The next offset to read.
         offset: i64,
-        /// The partition's high watermark.
-        high_watermark: i64,
+        /// The partition's high watermark, if the broker reported one.
+        high_watermark: Option<i64>,
     },
 }
 

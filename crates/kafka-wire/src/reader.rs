@@ -1,7 +1,7 @@
 //! The log-level committed reader: raw batches of every partition, fetched
 //! with read_uncommitted, filtered by [`CommittedFilter`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
@@ -33,10 +33,9 @@ const READ_UNCOMMITTED: i8 = 0;
 /// Byte limit of one Fetch answer (Kafka's consumer default, 50 MiB); the
 /// broker still sends at least one batch when the first one is larger.
 const FETCH_MAX_BYTES: i32 = 50 * 1024 * 1024;
-/// First byte limit per partition and fetch; doubled when a batch does not
-/// fit, up to [`MAX_PARTITION_BYTES`].
+/// First byte limit per partition and fetch; doubled after a Fetch that
+/// brought no complete batch, up to [`FETCH_MAX_BYTES`].
 const PARTITION_BYTES: i32 = 1024 * 1024;
-const MAX_PARTITION_BYTES: i32 = 64 * 1024 * 1024;
 /// Fetch answers in a row that may bring no batch before reading a
 /// partition counts as stalled.
 const MAX_EMPTY_FETCHES: u32 = 20;
@@ -137,6 +136,7 @@ async fn read_partitions(
         if wanted.is_empty() {
             return Ok(states);
         }
+        let wanted_partitions = wanted.iter().map(|p| p.partition).collect();
         let request = FetchRequest::default()
             .with_replica_id(BrokerId(-1))
             .with_max_wait_ms(FETCH_MAX_WAIT_MS)
@@ -151,11 +151,13 @@ async fn read_partitions(
         let response = leader.request(version, &request).await?;
         WireError::check(leader.addr(), ApiKey::Fetch, response.error_code, None)?;
         let answered = response.responses.into_iter().filter(|t| t.topic.0.as_str() == topic);
+        let mut unanswered: BTreeSet<i32> = wanted_partitions;
         for data in answered.flat_map(|t| t.partitions) {
             let partition = data.partition_index;
             let Some(state) = states.get_mut(&partition) else {
                 continue;
             };
+            unanswered.remove(&partition);
             if data.error_code == ResponseError::OffsetOutOfRange.code() && !state.rewound {
                 // The log no longer starts at 0: continue from its start.
                 state.rewound = true;
@@ -182,19 +184,24 @@ async fn read_partitions(
                 state.filter.push(batch);
             }
             if state.next == before && state.next < end {
-                stalled(leader.addr(), topic, partition, state, end)?;
+                stalled(leader.addr(), topic, partition, state)?;
             } else {
                 state.empty_fetches = 0;
             }
         }
+        for partition in unanswered {
+            let state = states.get_mut(&partition).expect("asked for known partitions only");
+            stalled(leader.addr(), topic, partition, state)?;
+        }
     }
 }
 
-/// Notes a fetch that brought nothing for a partition below its end: the
-/// next fetch allows more bytes; too many in a row are an error.
-fn stalled(addr: &str, topic: &str, partition: i32, state: &mut PartitionState, end: i64) -> Result<(), WireError> {
+/// Notes a Fetch that brought nothing for a partition below its end (or no
+/// answer for it at all): the next Fetch allows more bytes; too many in a
+/// row are an error.
+fn stalled(addr: &str, topic: &str, partition: i32, state: &mut PartitionState) -> Result<(), WireError> {
     state.empty_fetches += 1;
-    state.max_bytes = state.max_bytes.saturating_mul(2).min(MAX_PARTITION_BYTES);
+    state.max_bytes = state.max_bytes.saturating_mul(2).min(FETCH_MAX_BYTES);
     if state.empty_fetches < MAX_EMPTY_FETCHES {
         return Ok(());
     }
@@ -203,7 +210,7 @@ fn stalled(addr: &str, topic: &str, partition: i32, state: &mut PartitionState, 
         topic: topic.to_string(),
         partition,
         offset: state.next,
-        high_watermark: end,
+        high_watermark: state.end,
     })
 }
 

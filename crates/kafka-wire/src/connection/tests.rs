@@ -155,6 +155,36 @@ async fn falls_back_to_an_older_api_versions_and_checks_correlation_ids() {
     assert!(err.to_string().contains("correlation id"), "{err}");
 }
 
+/// librdkafka's mock cluster refuses ApiVersions v3 in the request's own
+/// (flexible) encoding, which does not decode as v0: the client steps down.
+#[tokio::test]
+async fn an_undecodable_refusal_steps_down_one_version() {
+    let (mut broker, client) = metadata_twice(Duration::from_secs(5)).await;
+    let seen = broker.receive().await;
+    assert_eq!(seen.header.request_api_version, 3);
+    let refusal = ApiVersionsResponse::default()
+        .with_error_code(ResponseError::UnsupportedVersion.code())
+        .with_api_keys(vec![api(ApiKey::ApiVersions, 0, 2)]);
+    // Header v0, body in the flexible v3 encoding (compact array count).
+    broker.answer(seen.header.correlation_id, 0, 3, &refusal).await;
+
+    let seen = broker.receive().await;
+    assert_eq!(seen.header.request_api_version, 2);
+    let offer =
+        ApiVersionsResponse::default().with_api_keys(vec![api(ApiKey::ApiVersions, 0, 2), api(ApiKey::Metadata, 0, 9)]);
+    broker.answer(seen.header.correlation_id, 0, 2, &offer).await;
+    for _ in 0..2 {
+        let seen = broker.receive().await;
+        broker
+            .answer(seen.header.correlation_id, 1, 9, &MetadataResponse::default())
+            .await;
+    }
+    let client = client.await.unwrap();
+    assert_eq!(client.version, 9);
+    client.first.unwrap();
+    client.second.unwrap();
+}
+
 #[tokio::test]
 async fn silence_is_a_timeout_and_closes_the_connection() {
     let (mut broker, client) = metadata_twice(Duration::from_millis(200)).await;
