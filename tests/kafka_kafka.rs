@@ -94,18 +94,7 @@ impl Setup {
         std::fs::write(
             &file,
             format!(
-                r#"name = "{name}"
-guarantee = "{guarantee}"
-parallelism = 2
-batch_size = 10
-
-[checkpoint]
-dir = "checkpoints"
-interval = "50ms"
-
-[restart]
-strategy = "none"
-
+                r#"{header}
 [source.kafka]
 bootstrap = "{bootstrap}"
 topic = "{input}"
@@ -117,6 +106,7 @@ topic = "{output}"
 transactional_id_prefix = "{prefix}"
 {extra}
 "#,
+                header = pipeline_header(name, guarantee, "strategy = \"none\""),
                 bootstrap = self.bootstrap(),
                 input = self.input,
                 prefix = unique(name),

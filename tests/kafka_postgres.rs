@@ -55,20 +55,7 @@ fn pipeline_file(dir: &Path, name: &str, guarantee: &str, s: &Services, topic: &
     std::fs::write(
         &file,
         format!(
-            r#"name = "{name}"
-guarantee = "{guarantee}"
-parallelism = 2
-batch_size = 10
-
-[checkpoint]
-dir = "checkpoints"
-interval = "50ms"
-
-[restart]
-strategy = "fixed"
-delay = "200ms"
-max_attempts = 100
-
+            r#"{header}
 [source.kafka]
 bootstrap = "{bootstrap}"
 topic = "{topic}"
@@ -86,6 +73,11 @@ off = {{ from = "offset", type = "bigint" }}
 id = {{ from = "/id", type = "bigint" }}
 payload = {{ from = "value", type = "jsonb" }}
 "#,
+            header = pipeline_header(
+                name,
+                guarantee,
+                "strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 100"
+            ),
             bootstrap = s.kafka.bootstrap(),
             url = s.postgres.url(),
         ),

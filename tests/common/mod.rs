@@ -122,3 +122,13 @@ pub fn wait(mut child: std::process::Child, timeout: std::time::Duration) -> (Ex
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// The start of a pipeline file shared by the Kafka end-to-end tests: name,
+/// guarantee, parallelism 2, small batches, checkpoints every 50 ms, and the
+/// `[restart]` body given.
+pub fn pipeline_header(name: &str, guarantee: &str, restart: &str) -> String {
+    format!(
+        "name = \"{name}\"\nguarantee = \"{guarantee}\"\nparallelism = 2\nbatch_size = 10\n\n\
+         [checkpoint]\ndir = \"checkpoints\"\ninterval = \"50ms\"\n\n[restart]\n{restart}\n"
+    )
+}
