@@ -197,20 +197,12 @@ fn crash_case(setup: &Setup, name: &str, points: &[&str]) -> String {
     log
 }
 
-const CASES: &[(&str, &[&str])] = &[
-    ("while_writing", &["source.after_emit:40"]),
-    ("after_pre_commit_before_persist", &["sink.after_pre_commit:3"]),
-    ("after_persist_before_commit", &["coordinator.after_persist:3"]),
-    ("between_two_subtasks_commits", &["sink.after_commit:2"]),
-    (
-        "during_recovery",
-        &["coordinator.after_persist:2", "recovery.after_commit:1"],
-    ),
-];
-
 fn case(name: &str) -> String {
     let setup = setup(name);
-    let (_, points) = CASES.iter().find(|(n, _)| *n == name).expect("a known case");
+    let (_, points) = TWO_PHASE_CRASH_CASES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("a known case");
     crash_case(&setup, name, points)
 }
 
@@ -340,7 +332,7 @@ fn require_real_kafka() {
 fn real_kafka_crash_matrix() {
     require_real_kafka();
     let setup = setup("real");
-    for (name, points) in CASES {
+    for (name, points) in TWO_PHASE_CRASH_CASES {
         crash_case(&setup, name, points);
     }
 }

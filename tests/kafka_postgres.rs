@@ -158,18 +158,8 @@ fn kafka_to_postgres_is_exactly_once_under_sigkill_at_every_phase() {
     let s = services();
     let topic = "orders-matrix";
     produce(s.kafka.bootstrap(), topic, (0..ORDERS).map(order).collect());
-    let cases: &[(&str, &[&str])] = &[
-        ("while_writing", &["source.after_emit:40"]),
-        ("after_prepare_before_persist", &["sink.after_pre_commit:3"]),
-        ("after_persist_before_commit_prepared", &["coordinator.after_persist:3"]),
-        ("between_two_subtasks_commits", &["sink.after_commit:2"]),
-        (
-            "during_the_recovery_sweep",
-            &["coordinator.after_persist:2", "recovery.after_commit:1"],
-        ),
-    ];
     let dir = tempfile::tempdir().unwrap();
-    for (name, points) in cases {
+    for (name, points) in TWO_PHASE_CRASH_CASES {
         let config = pipeline_file(dir.path(), name, "exactly-once", &s, topic, name);
         crash_then_finish(&config, points);
         assert_exactly_once(&table_state(s.postgres.url(), name), ORDERS, name);

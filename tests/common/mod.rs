@@ -132,3 +132,18 @@ pub fn pipeline_header(name: &str, guarantee: &str, restart: &str) -> String {
          [checkpoint]\ndir = \"checkpoints\"\ninterval = \"50ms\"\n\n[restart]\n{restart}\n"
     )
 }
+
+/// The SIGKILL points every two-phase end-to-end matrix covers, by name: while
+/// writing, after pre-commit before the checkpoint is persisted, after it is
+/// persisted before the commit, between two subtasks' commits, and during
+/// recovery (after a crash that leaves something to recover).
+pub const TWO_PHASE_CRASH_CASES: &[(&str, &[&str])] = &[
+    ("while_writing", &["source.after_emit:40"]),
+    ("after_pre_commit_before_persist", &["sink.after_pre_commit:3"]),
+    ("after_persist_before_commit", &["coordinator.after_persist:3"]),
+    ("between_two_subtasks_commits", &["sink.after_commit:2"]),
+    (
+        "during_recovery",
+        &["coordinator.after_persist:2", "recovery.after_commit:1"],
+    ),
+];
