@@ -219,6 +219,8 @@ impl TwoPhaseCommitSink for FileSink {
             .sync_all()
             .await
             .map_err(|e| io_error("file sink: fsync", &path, e))?;
+        // The pending file's name must survive a power loss too.
+        self.sync_dir().await?;
         Ok(txn.committable)
     }
 
@@ -229,7 +231,8 @@ impl TwoPhaseCommitSink for FileSink {
             Ok(()) => self.sync_dir().await,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if tokio::fs::try_exists(&to).await.unwrap_or(false) {
-                    Ok(()) // already committed
+                    // Already committed; make sure that rename is durable.
+                    self.sync_dir().await
                 } else {
                     Err(ConnectorError::DataLoss {
                         context: "file sink commit".into(),
