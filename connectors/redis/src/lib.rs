@@ -4,7 +4,11 @@
 //! idempotent-sink adapters:
 //!
 //! - `SET` / `HSET` (upserts by a deterministic key) through the replay-safe
-//!   (default) or write-ahead strategy;
+//!   (default) or write-ahead strategy. Replay-safe upserts are exact when each
+//!   key is written from one source split (records of a split are replayed in
+//!   order); a key written from several splits ends with whichever split wrote
+//!   it last, as without a crash — use write-ahead or a fenced counter when that
+//!   matters;
 //! - `INCRBY` / `HINCRBY` (counters) through the position fence: one Lua script
 //!   per batch checks, for every record, the highest offset already applied for
 //!   its source split, applies the increment only above it and advances the
