@@ -9,6 +9,10 @@
 //! Every measured run is a child process (the `exactly` release binary, or this
 //! bench binary re-executed in a baseline role), so its peak RSS comes from
 //! `wait4` and its throughput from the wall-clock time between spawn and exit.
+//! Pipelines read unbounded and get SIGTERM (last checkpoint, commit, exit) as
+//! soon as every record is visible in the sink: with `stop_at_end` the Kafka
+//! source's end-offset request times out behind the broker's first fetch of a
+//! large partition on Nisshi (`EXACTLY_BENCH_STOP_AT_END=1` tries it anyway).
 //!
 //! Settings (environment variables):
 //!
@@ -17,7 +21,8 @@
 //! | `EXACTLY_BENCH_RECORDS` | 1000000 | records preloaded and delivered per run |
 //! | `EXACTLY_BENCH_LATENCY_RATE` | 2000 | records/s produced during the latency phase |
 //! | `EXACTLY_BENCH_LATENCY_SECS` | 20 | length of the latency phase (0 skips it) |
-//! | `EXACTLY_BENCH_RUNS` | all | comma-separated runs out of `loop,copy,consume,eo,alo,redis,pg-fenced`, plus the diagnostic `eo-no-discovery` |
+//! | `EXACTLY_BENCH_RUNS` | `loop,copy,consume,eo,alo,redis,pg-fenced,loop,eo,alo` | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
+//! | `EXACTLY_BENCH_SOURCE_EXTRA` | — | TOML lines appended to every pipeline's `[source.kafka]` (experiments) |
 //! | `EXACTLY_BENCH_STOP_AT_END` | 0 | 1: pipelines end by `stop_at_end` instead of SIGTERM once everything is visible |
 
 use std::collections::VecDeque;
@@ -196,7 +201,9 @@ enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 7] = [
+    /// The default runs, in order: every row once, then the three rows the
+    /// targets compare again, to show how much a single run varies.
+    const DEFAULT: [Kind; 10] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
         Kind::RawConsume,
@@ -204,6 +211,9 @@ impl Kind {
         Kind::AtLeastOnce,
         Kind::RedisFenced,
         Kind::PostgresFenced,
+        Kind::MinimalLoop,
+        Kind::ExactlyOnce,
+        Kind::AtLeastOnce,
     ];
     /// Every run `EXACTLY_BENCH_RUNS` can name.
     const ANY: [Kind; 8] = [
@@ -262,11 +272,11 @@ impl Kind {
     fn has_latency(self) -> bool {
         !matches!(self, Kind::RawCopy | Kind::RawConsume | Kind::ExactlyOnceNoDiscovery)
     }
+}
 
-    /// Table or hash name of a run (`phase` is `tp` or `lat`).
-    fn target(self, phase: &str) -> String {
-        format!("bench_{}_{phase}", self.id().replace('-', "_"))
-    }
+/// Table or hash name of run `name` (`phase` is `tp` or `lat`).
+fn target_name(name: &str, phase: &str) -> String {
+    format!("bench_{}_{phase}", name.replace('-', "_"))
 }
 
 struct Settings {
@@ -296,7 +306,7 @@ impl Settings {
                     })
                 })
                 .collect::<Result<Vec<Kind>>>()?,
-            Err(_) => Kind::ALL.to_vec(),
+            Err(_) => Kind::DEFAULT.to_vec(),
         };
         Ok(Settings {
             records,
@@ -324,6 +334,8 @@ struct Ctx {
 
 #[derive(Default)]
 struct Outcome {
+    /// `loop`, `eo`, ...; `loop-2` for a run listed a second time.
+    name: String,
     records_per_s: Option<f64>,
     wall: Duration,
     checkpoints: Vec<u64>,
@@ -394,17 +406,27 @@ fn bench() -> Result<()> {
     // The first reader of a freshly written topic is slower (cold broker and
     // SQLite caches): read it once, unmeasured, so no run pays for that.
     eprintln!("[bench] warm-up: reading the topic once");
-    let warmup = spawn_baseline(&ctx, Kind::RawConsume, TOPIC, "unused", false)?.finish(RUN_TIMEOUT)?;
+    let warmup = spawn_baseline(&ctx, Kind::RawConsume, "warm-up", TOPIC, "unused", false)?.finish(RUN_TIMEOUT)?;
     eprintln!("[bench] warm-up read took {:.1?}", warmup.wall);
     let mut results: Vec<(Kind, Outcome)> = Vec::new();
     for kind in ctx.settings.kinds.clone() {
         eprintln!("[bench] --- {} ---", kind.label());
-        let mut outcome = Outcome::default();
-        if let Err(e) = throughput_run(&ctx, kind, &mut outcome) {
+        // Names of a run listed again get its ordinal: `loop`, `loop-2`, ...
+        let earlier = results.iter().filter(|(k, _)| *k == kind).count();
+        let name = match earlier {
+            0 => kind.id().to_string(),
+            n => format!("{}-{}", kind.id(), n + 1),
+        };
+        let mut outcome = Outcome {
+            name: name.clone(),
+            ..Outcome::default()
+        };
+        if let Err(e) = throughput_run(&ctx, kind, &name, &mut outcome) {
             outcome.problems.push(format!("throughput run: {e:#}"));
         }
-        if kind.has_latency() && ctx.settings.latency_secs > 0 {
-            match latency_run(&ctx, kind) {
+        // A run listed again only repeats the throughput measurement.
+        if kind.has_latency() && ctx.settings.latency_secs > 0 && earlier == 0 {
+            match latency_run(&ctx, kind, &name) {
                 Ok(l) => {
                     outcome.notes.extend(l.notes.iter().cloned());
                     outcome.latency = Some(l);
@@ -413,7 +435,7 @@ fn bench() -> Result<()> {
             }
         }
         for p in &outcome.problems {
-            eprintln!("[bench] PROBLEM {}: {p}", kind.id());
+            eprintln!("[bench] PROBLEM {name}: {p}");
         }
         results.push((kind, outcome));
     }
@@ -543,16 +565,16 @@ fn cleanup_table(ctx: &Ctx, table: &str) -> Result<()> {
     )
 }
 
-fn throughput_run(ctx: &Ctx, kind: Kind, outcome: &mut Outcome) -> Result<()> {
+fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> Result<()> {
     let n = ctx.settings.records;
-    let target = kind.target("tp");
+    let target = target_name(name, "tp");
     if kind.writes_postgres() {
         fresh_table(ctx, &target)?;
     }
     let cpu_before = ctx.cpu.sample();
     let finished = if kind.is_pipeline() {
         let bounded = ctx.settings.stop_at_end;
-        let file = write_pipeline(ctx, kind, &format!("{}-tp", kind.id()), TOPIC, &target, bounded)?;
+        let file = write_pipeline(ctx, kind, &format!("{name}-tp"), TOPIC, &target, bounded)?;
         let running = spawn_pipeline(ctx, &file)?;
         if !bounded {
             // Unbounded: SIGTERM (last checkpoint, commit, exit) as soon as
@@ -579,7 +601,7 @@ fn throughput_run(ctx: &Ctx, kind: Kind, outcome: &mut Outcome) -> Result<()> {
         }
         running.finish(RUN_TIMEOUT)?
     } else {
-        spawn_baseline(ctx, kind, TOPIC, &target, false)?.finish(RUN_TIMEOUT)?
+        spawn_baseline(ctx, kind, name, TOPIC, &target, false)?.finish(RUN_TIMEOUT)?
     };
     // Let the run's PostgreSQL backends exit and be reaped (their CPU time
     // then counts in the postmaster's children time).
@@ -625,9 +647,7 @@ fn throughput_run(ctx: &Ctx, kind: Kind, outcome: &mut Outcome) -> Result<()> {
                 .find_map(|l| l.strip_prefix("records="))
                 .and_then(|v| v.trim().parse::<u64>().ok());
             if consumed != Some(n) {
-                outcome
-                    .problems
-                    .push(format!("consumed {consumed:?} records, expected {n}"));
+                bail!("consumed {consumed:?} records, expected {n}");
             }
         }
         Kind::RedisFenced => {
@@ -636,9 +656,7 @@ fn throughput_run(ctx: &Ctx, kind: Kind, outcome: &mut Outcome) -> Result<()> {
                 .map(|c| c.unwrap_or(0))
                 .sum::<i64>();
             if total != n as i64 {
-                outcome
-                    .problems
-                    .push(format!("Redis counted {total} records, expected {n}"));
+                bail!("Redis counted {total} records, expected {n}");
             }
         }
         _ => {
@@ -648,9 +666,9 @@ fn throughput_run(ctx: &Ctx, kind: Kind, outcome: &mut Outcome) -> Result<()> {
             ))?;
             let (rows, distinct, prepared): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
             if rows != n as i64 || distinct != n as i64 || prepared != 0 {
-                outcome.problems.push(format!(
+                bail!(
                     "table holds {rows} rows ({distinct} distinct ids), expected {n}; {prepared} prepared transactions left"
-                ));
+                );
             }
         }
     }
@@ -659,8 +677,7 @@ fn throughput_run(ctx: &Ctx, kind: Kind, outcome: &mut Outcome) -> Result<()> {
     }
     outcome.records_per_s = Some(n as f64 / finished.wall.as_secs_f64());
     eprintln!(
-        "[bench] {}: {n} records in {:.2?} = {:.0} records/s, peak RSS {:.1} MiB, {} checkpoints",
-        kind.id(),
+        "[bench] {name}: {n} records in {:.2?} = {:.0} records/s, peak RSS {:.1} MiB, {} checkpoints",
         finished.wall,
         n as f64 / finished.wall.as_secs_f64(),
         finished.max_rss_kib as f64 / 1024.0,
@@ -722,9 +739,10 @@ bootstrap = "{bootstrap}"
 topic = "{topic}"
 start = "earliest"
 stop_at_end = {bounded}
-{discovery}
+{discovery}{extra}
 {sink}"#,
         bootstrap = ctx.bootstrap,
+        extra = std::env::var("EXACTLY_BENCH_SOURCE_EXTRA").map_or(String::new(), |e| format!("{e}\n")),
         discovery = if kind == Kind::ExactlyOnceNoDiscovery {
             "partition_discovery_interval = \"100h\"\n"
         } else {
@@ -757,7 +775,7 @@ fn log_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("kafka_to_postgres")
 }
 
-fn spawn_baseline(ctx: &Ctx, kind: Kind, topic: &str, table: &str, follow: bool) -> Result<Running> {
+fn spawn_baseline(ctx: &Ctx, kind: Kind, name: &str, topic: &str, table: &str, follow: bool) -> Result<Running> {
     let mut cmd = Command::new(&ctx.me);
     cmd.env(ROLE_ENV, kind.id())
         .env("EXACTLY_BENCH_BOOTSTRAP", &ctx.bootstrap)
@@ -767,7 +785,7 @@ fn spawn_baseline(ctx: &Ctx, kind: Kind, topic: &str, table: &str, follow: bool)
         .env("EXACTLY_BENCH_RECORDS", ctx.settings.records.to_string())
         .env("EXACTLY_BENCH_FOLLOW", if follow { "1" } else { "0" });
     let phase = if follow { "lat" } else { "tp" };
-    Running::spawn(cmd, &log_dir().join(format!("{}-{phase}.log", kind.id())))
+    Running::spawn(cmd, &log_dir().join(format!("{name}-{phase}.log")))
 }
 
 // ---------------------------------------------------------------------------
@@ -1313,9 +1331,9 @@ fn produce_steadily(bootstrap: &str, topic: &str, rate: u64, secs: u64) -> Resul
     })
 }
 
-fn latency_run(ctx: &Ctx, kind: Kind) -> Result<Latency> {
-    let topic = format!("lat-{}", kind.id());
-    let target = kind.target("lat");
+fn latency_run(ctx: &Ctx, kind: Kind, name: &str) -> Result<Latency> {
+    let topic = format!("lat-{name}");
+    let target = target_name(name, "lat");
     let (rate, secs) = (ctx.settings.latency_rate, ctx.settings.latency_secs);
     ctx.rt
         .block_on(KafkaAdmin::new(&ctx.bootstrap).create_topic(&topic, PARTITIONS))?;
@@ -1323,13 +1341,13 @@ fn latency_run(ctx: &Ctx, kind: Kind) -> Result<Latency> {
         fresh_table(ctx, &target)?;
     }
     let running = if kind.is_pipeline() {
-        let file = write_pipeline(ctx, kind, &format!("{}-lat", kind.id()), &topic, &target, false)?;
+        let file = write_pipeline(ctx, kind, &format!("{name}-lat"), &topic, &target, false)?;
         let running = spawn_pipeline(ctx, &file)?;
         // Running: the sources are assigned and the sinks connected.
         running.wait_for(Duration::from_secs(120), |e| matches!(e, ChildEvent::Checkpoint))?;
         running
     } else {
-        let running = spawn_baseline(ctx, kind, &topic, &target, true)?;
+        let running = spawn_baseline(ctx, kind, name, &topic, &target, true)?;
         running.wait_for(Duration::from_secs(120), |e| matches!(e, ChildEvent::Ready))?;
         running
     };
@@ -1422,14 +1440,7 @@ fn latency_run(ctx: &Ctx, kind: Kind) -> Result<Latency> {
     eprintln!(
         "[bench] {}: latency p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms over {} records ({} never visible); \
          produce→ack p50 {:.0} ms, p99 {:.0} ms",
-        kind.id(),
-        l.p50_ms,
-        l.p99_ms,
-        l.max_ms,
-        l.samples,
-        l.missing,
-        l.ack_p50_ms,
-        l.ack_p99_ms
+        name, l.p50_ms, l.p99_ms, l.max_ms, l.samples, l.missing, l.ack_p50_ms, l.ack_p99_ms
     );
     Ok(l)
 }
@@ -1444,12 +1455,24 @@ fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
 // The table
 // ---------------------------------------------------------------------------
 
+/// A row's label; a run listed again is marked with its name (`loop-2`).
+fn row_label(kind: Kind, o: &Outcome) -> String {
+    if o.name == kind.id() {
+        kind.label().to_string()
+    } else {
+        format!("{} [{}]", kind.label(), o.name)
+    }
+}
+
 fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
+    // A run listed twice (e.g. the loop first and last) counts with its mean.
     let rate_of = |k: Kind| {
-        results
+        let rates: Vec<f64> = results
             .iter()
-            .find(|(kind, _)| *kind == k)
-            .and_then(|(_, o)| o.records_per_s.filter(|_| o.problems.is_empty()))
+            .filter(|(kind, o)| *kind == k && o.problems.is_empty())
+            .filter_map(|(_, o)| o.records_per_s)
+            .collect();
+        (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
     };
     let ceiling = rate_of(Kind::MinimalLoop);
     println!(
@@ -1489,7 +1512,7 @@ fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         };
         println!(
             "| {} | {rate} | {share} | {wall} | {} | {} | {checkpoints} | {lat50} | {lat99} | {rss} |",
-            kind.label(),
+            row_label(*kind, o),
             ck(50.0),
             ck(99.0)
         );
@@ -1508,7 +1531,7 @@ fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         let total = c.process_s + c.broker_s.unwrap_or(0.0) + c.postgres_s.unwrap_or(0.0);
         println!(
             "| {} | {:.1} | {} | {} | {total:.1} | {:.0} |",
-            kind.label(),
+            row_label(*kind, o),
             c.process_s,
             fmt(c.broker_s),
             fmt(c.postgres_s),
@@ -1516,11 +1539,11 @@ fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         );
     }
     println!();
-    for (kind, o) in results {
+    for (_, o) in results {
         if let Some(l) = &o.latency {
             println!(
                 "latency phase {}: {} records visible (max {:.0} ms), {} never; produce→broker ack p50 {:.0} ms, p99 {:.0} ms",
-                kind.id(),
+                o.name,
                 l.samples,
                 l.max_ms,
                 l.missing,
@@ -1530,18 +1553,29 @@ fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         }
     }
     println!();
-    for (kind, o) in results {
+    for (_, o) in results {
         for n in &o.notes {
-            println!("note: {}: {n}", kind.id());
+            println!("note: {}: {n}", o.name);
         }
         for p in &o.problems {
-            println!("PROBLEM {}: {p}", kind.id());
+            println!("PROBLEM {}: {p}", o.name);
         }
     }
-    let Some((_, eo)) = results.iter().find(|(k, _)| *k == Kind::ExactlyOnce) else {
+    let eo_runs: Vec<&Outcome> = results
+        .iter()
+        .filter(|(k, o)| *k == Kind::ExactlyOnce && o.records_per_s.is_some())
+        .map(|(_, o)| o)
+        .collect();
+    if eo_runs.is_empty() {
+        println!("targets: no exactly-once run completed");
         return;
-    };
-    println!("targets (exactly-once run, {} records):", ctx.settings.records);
+    }
+    println!(
+        "targets ({} exactly-once run(s) of {} records; runs listed more than once count with their mean throughput, \
+         their checkpoints pooled and their largest RSS):",
+        eo_runs.len(),
+        ctx.settings.records
+    );
     let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
     let eo_rate = rate_of(Kind::ExactlyOnce);
     match (eo_rate, ceiling) {
@@ -1560,7 +1594,7 @@ fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         ),
         _ => println!("- throughput within 10 % of at-least-once: not measured"),
     }
-    let mut sorted = eo.checkpoints.clone();
+    let mut sorted: Vec<u64> = eo_runs.iter().flat_map(|o| o.checkpoints.iter().copied()).collect();
     sorted.sort_unstable();
     if sorted.is_empty() {
         println!("- checkpoint duration p99 < 250 ms: not measured");
@@ -1568,7 +1602,7 @@ fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         let p99 = percentile(&sorted, 99.0);
         println!("- checkpoint duration p99 < 250 ms: {p99} ms → {}", verdict(p99 < 250));
     }
-    match eo.rss_kib {
+    match eo_runs.iter().filter_map(|o| o.rss_kib).max() {
         Some(k) => println!(
             "- peak RSS ≤ 150 MiB: {:.0} MiB → {}",
             k as f64 / 1024.0,
