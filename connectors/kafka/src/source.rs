@@ -278,7 +278,14 @@ impl Source for KafkaSource {
             let end = tokio::task::spawn_blocking(move || {
                 owned
                     .into_iter()
-                    .map(|p| Ok((p, consumer.fetch_watermarks(settings.topic(), p, settings.config.startup_timeout)?.1)))
+                    .map(|p| {
+                        Ok((
+                            p,
+                            consumer
+                                .fetch_watermarks(settings.topic(), p, settings.config.startup_timeout)?
+                                .1,
+                        ))
+                    })
                     .collect::<Result<BTreeMap<i32, i64>, KafkaError>>()
             })
             .await
