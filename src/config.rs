@@ -14,6 +14,32 @@ use exactly_core::{
 use exactly_file::{FileFormat, FileSinkFactory};
 use serde::Deserialize;
 
+/// The `[source.kafka]` and `[sink.postgres]` sections of the orders pipeline
+/// the README documents: a bounded read of `topic` from the beginning into
+/// `table` (created when absent) with the partition, offset, `/id` and the
+/// JSON value as columns. Used by `exactly demo` and the end-to-end tests.
+pub fn orders_sections(bootstrap: &str, topic: &str, url: &str, table: &str) -> String {
+    format!(
+        r#"[source.kafka]
+bootstrap = "{bootstrap}"
+topic = "{topic}"
+start = "earliest"
+stop_at_end = true
+
+[sink.postgres]
+url = "{url}"
+table = "{table}"
+create_table = true
+
+[sink.postgres.columns]
+part = {{ from = "partition", type = "int" }}
+off = {{ from = "offset", type = "bigint" }}
+id = {{ from = "/id", type = "bigint" }}
+payload = {{ from = "value", type = "jsonb" }}
+"#
+    )
+}
+
 /// A duration written like `"1s"`, `"250ms"`, `"2m"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);

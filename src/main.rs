@@ -165,25 +165,8 @@ batch_size = 100
 dir = "checkpoints"
 interval = "50ms"
 
-[source.kafka]
-bootstrap = "{bootstrap}"
-topic = "orders"
-start = "earliest"
-stop_at_end = true
-
-[sink.postgres]
-url = "{url}"
-table = "orders"
-create_table = true
-
-[sink.postgres.columns]
-part = {{ from = "partition", type = "int" }}
-off = {{ from = "offset", type = "bigint" }}
-id = {{ from = "/id", type = "bigint" }}
-payload = {{ from = "value", type = "jsonb" }}
-"#,
-            bootstrap = kafka.bootstrap(),
-            url = postgres.url()
+{sections}"#,
+            sections = exactly::config::orders_sections(kafka.bootstrap(), "orders", postgres.url(), "orders")
         ),
     )?;
     let exe = std::env::current_exe()?;

@@ -55,31 +55,13 @@ fn pipeline_file(dir: &Path, name: &str, guarantee: &str, s: &Services, topic: &
     std::fs::write(
         &file,
         format!(
-            r#"{header}
-[source.kafka]
-bootstrap = "{bootstrap}"
-topic = "{topic}"
-start = "earliest"
-stop_at_end = true
-
-[sink.postgres]
-url = "{url}"
-table = "{table}"
-create_table = true
-
-[sink.postgres.columns]
-part = {{ from = "partition", type = "int" }}
-off = {{ from = "offset", type = "bigint" }}
-id = {{ from = "/id", type = "bigint" }}
-payload = {{ from = "value", type = "jsonb" }}
-"#,
+            "{header}\n{sections}",
             header = pipeline_header(
                 name,
                 guarantee,
                 "strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 100"
             ),
-            bootstrap = s.kafka.bootstrap(),
-            url = s.postgres.url(),
+            sections = exactly::config::orders_sections(s.kafka.bootstrap(), topic, s.postgres.url(), table),
         ),
     )
     .unwrap();
