@@ -2,6 +2,8 @@
 # Installs the real services exactly's tests start through exactly-testkit:
 # PostgreSQL (initdb/pg_ctl/postgres), redis-server and the Nisshi broker.
 # Idempotent: installs only what is missing. Safe to run on every CI run.
+# Without PostgreSQL or Nisshi, the testkit uses Docker containers instead
+# when an engine answers (see EXACTLY_TESTKIT_DOCKER in crates/testkit).
 set -euo pipefail
 
 NISSHI_VERSION="0.7.0-pre.2"

@@ -12,8 +12,8 @@
 #[derive(thiserror::Error)]
 pub enum TestkitError {
     /// A program the service needs is neither on `PATH` nor in the usual
-    /// install locations.
-    #[error("{service}: cannot find the `{binary}` program (looked in {searched}). Fix: {fix}")]
+    /// install locations, and no container could be started instead.
+    #[error("{service}: cannot find the `{binary}` program (looked in {searched}); {docker}. Fix: {fix}")]
     BinaryNotFound {
         /// Human name of the service, e.g. `PostgreSQL`.
         service: &'static str,
@@ -21,7 +21,23 @@ pub enum TestkitError {
         binary: &'static str,
         /// Where the testkit looked.
         searched: String,
-        /// How to install it or how to point the testkit at an existing server.
+        /// Why the Docker fallback was not used (no engine answered, it was
+        /// disabled by `EXACTLY_TESTKIT_DOCKER=never`, or the service has none).
+        docker: String,
+        /// How to install it, how to let the testkit use Docker, or how to
+        /// point the testkit at an existing server.
+        fix: &'static str,
+    },
+
+    /// A testkit setting read from the environment has a value the testkit
+    /// does not understand.
+    #[error("{var}={value:?} is not a valid setting. Fix: {fix}")]
+    InvalidSetting {
+        /// The environment variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// The values it accepts.
         fix: &'static str,
     },
 
@@ -106,7 +122,10 @@ impl TestkitError {
             _ => return false,
         };
         let text = text.to_ascii_lowercase();
-        text.contains("address already in use") || text.contains("addrinuse")
+        // The last one is Docker's wording when it cannot publish a port.
+        text.contains("address already in use")
+            || text.contains("addrinuse")
+            || text.contains("port is already allocated")
     }
 }
 
@@ -139,6 +158,14 @@ mod tests {
             fix: "do this",
         };
         assert!(err.is_port_conflict());
+        let docker = TestkitError::CommandFailed {
+            service: "PostgreSQL",
+            command: "docker run".into(),
+            status: "exit status: 125".into(),
+            output: "Bind for 127.0.0.1:1234 failed: port is already allocated".into(),
+            fix: "retry",
+        };
+        assert!(docker.is_port_conflict());
         let text = format!("{err:?}");
         assert!(
             text.contains("127.0.0.1:1234") && text.contains("Fix: do this"),

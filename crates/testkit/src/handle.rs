@@ -8,6 +8,19 @@ use tempfile::TempDir;
 use crate::error::{Result, TestkitError};
 use crate::process;
 
+/// How the service behind a handle runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Named by the service's environment variable (such as
+    /// `EXACTLY_DATABASE_URL`); the testkit neither started it nor stops it.
+    External,
+    /// Started by the testkit from programs installed on this machine.
+    Local,
+    /// Started by the testkit in a Docker container (see
+    /// [`DOCKER_MODE_ENV`](crate::DOCKER_MODE_ENV)).
+    Container,
+}
+
 /// What the testkit can do with a service it started.
 pub(crate) trait Lifecycle {
     /// Stops the service abruptly; keeps its data and port.
@@ -18,6 +31,14 @@ pub(crate) trait Lifecycle {
     fn is_running(&mut self) -> bool;
     /// The service's log file.
     fn log_path(&self) -> &Path;
+    /// How the service runs.
+    fn backend(&self) -> Backend {
+        Backend::Local
+    }
+    /// The Docker container running the service, if any.
+    fn container_name(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Names of a service kind, used for external handles and their errors.
@@ -98,6 +119,14 @@ impl<M: Lifecycle> ServiceHandle<M> {
         self.managed.as_ref().map(M::log_path)
     }
 
+    pub(crate) fn backend(&self) -> Backend {
+        self.managed.as_ref().map_or(Backend::External, M::backend)
+    }
+
+    pub(crate) fn container_name(&self) -> Option<&str> {
+        self.managed.as_ref().and_then(M::container_name)
+    }
+
     pub(crate) fn is_running(&mut self) -> bool {
         self.managed.as_mut().is_none_or(M::is_running)
     }
@@ -123,11 +152,12 @@ impl<M: Lifecycle> ServiceHandle<M> {
     }
 }
 
-impl<M> std::fmt::Debug for ServiceHandle<M> {
+impl<M: Lifecycle> std::fmt::Debug for ServiceHandle<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct(self.kind.service)
             .field("address", &self.address)
-            .field("external", &self.managed.is_none())
+            .field("backend", &self.backend())
+            .field("container", &self.container_name())
             .finish()
     }
 }
@@ -164,9 +194,28 @@ macro_rules! service_handle_methods {
             self.handle.is_external()
         }
 
-        #[doc = concat!("The ", $what, "'s log file (`None` when external).")]
+        #[doc = concat!(
+            "The ", $what, "'s log file (`None` when external). For a container it is fed live by \
+             `docker logs --follow`, and replaced by a full `docker logs` dump when a start fails."
+        )]
         pub fn log_path(&self) -> Option<&std::path::Path> {
             self.handle.log_path()
+        }
+
+        #[doc = concat!(
+            "How the ", $what, " runs: external (`", $env, "`), from local programs, or in a Docker \
+             container."
+        )]
+        pub fn backend(&self) -> crate::Backend {
+            self.handle.backend()
+        }
+
+        #[doc = concat!(
+            "Name of the Docker container running the ", $what, " (`None` unless \
+             [`backend`](Self::backend) is [`Backend::Container`](crate::Backend::Container))."
+        )]
+        pub fn container_name(&self) -> Option<&str> {
+            self.handle.container_name()
         }
 
         #[doc = concat!(

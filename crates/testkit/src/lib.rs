@@ -6,8 +6,9 @@
 //! - [`PostgresServer`]: a throwaway PostgreSQL cluster with
 //!   `max_prepared_transactions = 64`, for two-phase commit
 //!   (env override: `EXACTLY_DATABASE_URL`);
-//! - [`KafkaBroker`]: a Kafka-compatible broker (Nisshi), in memory or
-//!   persistent (env override: `EXACTLY_KAFKA_BOOTSTRAP`);
+//! - [`KafkaBroker`]: a Kafka-compatible broker (Nisshi, or Apache Kafka in
+//!   a container), in memory or persistent (env override:
+//!   `EXACTLY_KAFKA_BOOTSTRAP`);
 //! - [`RedisServer`]: `redis-server` without persistence
 //!   (env override: `EXACTLY_REDIS_URL`).
 //!
@@ -15,8 +16,27 @@
 //! and stops nothing. Every handle offers `stop()` and `restart()` (same
 //! port, same data where the service keeps any) to simulate outages.
 //!
-//! Missing programs are reported as [`TestkitError::BinaryNotFound`] with the
-//! command that installs them; `.ci/install-services.sh` installs them all.
+//! # Docker fallback
+//!
+//! PostgreSQL and Kafka are looked for in this order: the override variable,
+//! the local programs, then a Docker container ([`postgres::POSTGRES_IMAGE`]
+//! or [`kafka::KAFKA_IMAGE`], published on a free loopback port, removed
+//! with `docker rm -f -v` when the handle drops) when a Docker engine answers
+//! `docker version` within a few seconds (asked once per process, through
+//! the `docker` CLI, so `DOCKER_HOST` and docker contexts apply; the engine
+//! must publish ports on this machine's loopback).
+//! [`DOCKER_MODE_ENV`] (`EXACTLY_TESTKIT_DOCKER`) steers this: `auto` (the
+//! default), `never` (no containers) or `always` (skip the local programs,
+//! e.g. to exercise the container path:
+//! `EXACTLY_TESTKIT_DOCKER=always cargo test -p exactly-testkit -- --ignored docker`).
+//! [`Backend`] tells which one a handle got. Containers are named
+//! `exactly-testkit-<service>-<pid>-<n>` and labelled `exactly.testkit=1`;
+//! the ones a killed test run left behind can be removed with
+//! `docker rm -f -v $(docker ps -aq --filter label=exactly.testkit=1)`.
+//!
+//! When nothing works, the error is [`TestkitError::BinaryNotFound`]: it
+//! names the command that installs the program, why Docker was not used, and
+//! the override variable; `.ci/install-services.sh` installs all programs.
 //!
 //! ```no_run
 //! let pg = exactly_testkit::PostgresServer::start()?;
@@ -26,6 +46,7 @@
 
 #![warn(missing_docs)]
 
+mod container;
 mod error;
 #[macro_use]
 mod handle;
@@ -34,7 +55,9 @@ pub mod postgres;
 mod process;
 pub mod redis;
 
+pub use container::DOCKER_MODE_ENV;
 pub use error::{Result, TestkitError};
+pub use handle::Backend;
 pub use kafka::KafkaBroker;
 pub use postgres::PostgresServer;
 pub use process::{free_port, port_accepts};

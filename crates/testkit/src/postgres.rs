@@ -1,8 +1,9 @@
-//! A throwaway PostgreSQL cluster, or an external one named by
-//! `EXACTLY_DATABASE_URL`.
+//! A throwaway PostgreSQL cluster (from local binaries or in a container),
+//! or an external one named by `EXACTLY_DATABASE_URL`.
 
 use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::container::{self, strings, Container, ContainerSpec, DockerMode, Engine, Managed};
 use crate::error::{Result, TestkitError};
 use crate::handle::{Kind, Lifecycle, ServiceHandle};
 use crate::process::{self, Startup};
@@ -23,22 +25,62 @@ pub const DATABASE_URL_ENV: &str = "EXACTLY_DATABASE_URL";
 /// Value of `max_prepared_transactions` in a testkit cluster.
 pub const MAX_PREPARED_TRANSACTIONS: u32 = 64;
 
+/// Expands to the PostgreSQL image of the Docker fallback (a macro so that
+/// `concat!` can use it).
+macro_rules! postgres_image {
+    () => {
+        "postgres:15"
+    };
+}
+
+/// The image the testkit runs when it starts PostgreSQL in a Docker
+/// container.
+pub const POSTGRES_IMAGE: &str = postgres_image!();
+
 const SERVICE: &str = "PostgreSQL";
+const CONTAINER_SERVICE: &str = "PostgreSQL (container)";
 const OS_USER: &str = "postgres";
-const FIX_INSTALL: &str = "install PostgreSQL (`apt-get install -y postgresql`, or run \
-     .ci/install-services.sh), or set EXACTLY_DATABASE_URL=postgres://USER@HOST:PORT/DB to use \
-     an existing server with max_prepared_transactions > 0";
+const FIX_INSTALL: &str = concat!(
+    "install PostgreSQL (`apt-get install -y postgresql`, or run .ci/install-services.sh); or \
+     make a Docker engine answer the `docker` CLI (install Docker and start the engine, or point \
+     DOCKER_HOST at one) so that the testkit runs ",
+    postgres_image!(),
+    " in a container; or set EXACTLY_DATABASE_URL=postgres://USER@HOST:PORT/DB to use an \
+     existing server with max_prepared_transactions > 0"
+);
 const FIX_START: &str = "read the server log above; a stale cluster may hold the port or \
      shared memory may be exhausted. Set EXACTLY_DATABASE_URL to use an existing server instead";
+const FIX_CONTAINER: &str = concat!(
+    "read the container log above; check that the Docker engine can pull ",
+    postgres_image!(),
+    " and publish ports on 127.0.0.1; or install PostgreSQL (`apt-get install -y postgresql`), \
+     or set EXACTLY_DATABASE_URL to use an existing server instead"
+);
+/// The port PostgreSQL listens on inside its container.
+const CONTAINER_PORT: u16 = 5432;
 
 /// A PostgreSQL server for tests.
 ///
-/// Started by [`PostgresServer::start`]: either a fresh cluster in a temp dir
-/// on a free loopback port (stopped and deleted when the handle drops), or,
-/// when [`DATABASE_URL_ENV`] is set, a handle that only carries that URL.
+/// Started by [`PostgresServer::start`], which uses, in this order:
+///
+/// 1. the server named by [`DATABASE_URL_ENV`], when set (the handle only
+///    carries that URL);
+/// 2. a fresh cluster in a temp dir, made with the local PostgreSQL
+///    programs, on a free loopback port (stopped and deleted when the handle
+///    drops);
+/// 3. when those programs are missing (or
+///    [`EXACTLY_TESTKIT_DOCKER`](crate::DOCKER_MODE_ENV)`=always`) and a
+///    Docker engine answers: a [`POSTGRES_IMAGE`] container published on a
+///    free loopback port (removed, with its data volume, when the handle
+///    drops).
+///
+/// Both testkit clusters have user `postgres` with trust authentication and
+/// `max_prepared_transactions =` [`MAX_PREPARED_TRANSACTIONS`]. Otherwise
+/// `start` fails with [`TestkitError::BinaryNotFound`], which says how to
+/// install PostgreSQL and why Docker was not used.
 #[derive(Debug)]
 pub struct PostgresServer {
-    handle: ServiceHandle<Cluster>,
+    handle: ServiceHandle<Managed<Cluster>>,
 }
 
 static KIND: Kind = Kind::new(SERVICE, DATABASE_URL_ENV, 5432);
@@ -52,14 +94,32 @@ impl PostgresServer {
     /// accepts connections.
     ///
     /// When running as root, the cluster runs as the `postgres` OS user.
+    ///
+    /// Without those binaries (or without the `postgres` OS user), starts a
+    /// container instead (see the type's docs) and waits (at most 90 s after
+    /// the image is there) until the server accepts TCP connections after
+    /// the image's initialisation.
     pub fn start() -> Result<PostgresServer> {
         if let Some(handle) = ServiceHandle::from_env(&KIND) {
             return Ok(PostgresServer { handle });
         }
-        let cluster = Cluster::create()?;
-        let port = cluster.port;
+        let (managed, dir) = container::local_then_container(
+            SERVICE,
+            DockerMode::from_env()?,
+            container::engine,
+            || Ok((Managed::Local(Cluster::create()?), None)),
+            |engine| {
+                let (container, dir) = start_container(engine)?;
+                Ok((Managed::Container(Box::new(container)), Some(dir)))
+            },
+            binaries_not_found,
+        )?;
+        let port = match &managed {
+            Managed::Local(cluster) => cluster.port,
+            Managed::Container(container) => container.port(),
+        };
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-        let handle = ServiceHandle::managed(&KIND, url, port, cluster, None);
+        let handle = ServiceHandle::managed(&KIND, url, port, managed, dir);
         Ok(PostgresServer { handle })
     }
 
@@ -77,9 +137,14 @@ impl PostgresServer {
                       connections.",
     }
 
-    /// Data directory of a testkit cluster (`None` for an external server).
+    /// Data directory of a cluster started from local binaries (`None` for
+    /// an external server, and for a container, whose data lives in a
+    /// Docker volume).
     pub fn data_dir(&self) -> Option<&Path> {
-        self.handle.inner().map(|c| c.data_dir.as_path())
+        self.handle
+            .inner()
+            .and_then(Managed::local)
+            .map(|c| c.data_dir.as_path())
     }
 }
 
@@ -104,14 +169,11 @@ impl Binaries {
                     .iter()
                     .all(|name| process::is_executable(&dir.join(name)))
             })
-            .ok_or_else(|| TestkitError::BinaryNotFound {
-                service: SERVICE,
-                binary: "initdb",
-                searched: format!(
+            .ok_or_else(|| {
+                binaries_not_found(format!(
                     "{} for a directory holding initdb, pg_ctl and postgres",
                     process::describe_search(&[PathBuf::from("/usr/lib/postgresql/*/bin")])
-                ),
-                fix: FIX_INSTALL,
+                ))
             })?;
         let pg_isready = Some(dir.join("pg_isready"))
             .filter(|p| process::is_executable(p))
@@ -122,6 +184,18 @@ impl Binaries {
             postgres: dir.join("postgres"),
             pg_isready,
         })
+    }
+}
+
+/// The error for missing PostgreSQL programs, naming every way to get a
+/// server; the Docker fallback fills in why it did not run a container.
+fn binaries_not_found(searched: String) -> TestkitError {
+    TestkitError::BinaryNotFound {
+        service: SERVICE,
+        binary: "initdb",
+        searched,
+        docker: String::new(),
+        fix: FIX_INSTALL,
     }
 }
 
@@ -177,6 +251,7 @@ impl RunAs {
                 service: SERVICE,
                 binary: "postgres (OS user)",
                 searched: "the user database (getpwnam_r)".into(),
+                docker: String::new(),
                 fix: "PostgreSQL refuses to run as root and the testkit runs it as the `postgres` \
                       user, which does not exist: install the `postgresql` package (it creates \
                       the user) or `useradd --system postgres`, or run the tests as a non-root \
@@ -397,5 +472,95 @@ impl Drop for Cluster {
             tracing::warn!(%err, "could not stop the PostgreSQL test cluster");
         }
         // `self.dir` (a TempDir) is dropped after this and removes the files.
+    }
+}
+
+/// A [`POSTGRES_IMAGE`] container with trust authentication for `postgres`
+/// and the testkit's settings, ready once the server started by the image
+/// after its initialisation accepts TCP connections.
+fn start_container(engine: &Engine) -> Result<(Container, TempDir)> {
+    let dir = process::service_temp_dir(CONTAINER_SERVICE, "exactly-postgres-")?;
+    let options = |_port: u16| {
+        strings(&[
+            "-e",
+            "POSTGRES_HOST_AUTH_METHOD=trust",
+            "-e",
+            "POSTGRES_INITDB_ARGS=--locale=C --encoding=UTF8 --no-sync",
+        ])
+    };
+    // Same settings as a local cluster (see `Cluster::init`).
+    let mut command = strings(&["postgres", "-c"]);
+    command.push(format!("max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}"));
+    command.extend(strings(&["-c", "fsync=off"]));
+    let container = Container::start(
+        engine,
+        ContainerSpec {
+            service: CONTAINER_SERVICE,
+            slug: "postgres",
+            image: POSTGRES_IMAGE,
+            inner_port: Some(CONTAINER_PORT),
+            options: Box::new(options),
+            command,
+            ready: container_ready,
+            fresh_on_restart: false,
+            log: dir.path().join("server.log"),
+            fix: FIX_CONTAINER,
+        },
+    )?;
+    Ok((container, dir))
+}
+
+/// Whether the container's final server is up. The image first runs a
+/// temporary server for its initialisation that listens on the Unix socket
+/// only, so `pg_isready` must go through TCP; the host-side probe then checks
+/// the published port reaches it.
+fn container_ready(container: &Container) -> bool {
+    let port = container.inner_port().to_string();
+    container.exec_ok(&["pg_isready", "-q", "-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
+        && postgres_answers(container.port())
+}
+
+/// Whether a PostgreSQL server answers on `127.0.0.1:port`: it replies `S`
+/// or `N` to an SSLRequest. A published Docker port may accept connections
+/// before the server inside listens, so accepting alone proves nothing.
+fn postgres_answers(port: u16) -> bool {
+    const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    let timeout = Duration::from_secs(2);
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    let mut answer = [0u8; 1];
+    stream.write_all(&SSL_REQUEST).is_ok() && stream.read_exact(&mut answer).is_ok() && matches!(answer[0], b'S' | b'N')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_real_server_answers_the_probe_and_a_closed_port_does_not() {
+        let pg = PostgresServer::start().expect("start PostgreSQL");
+        if pg.is_external() {
+            return;
+        }
+        assert!(postgres_answers(pg.port()), "{pg:?} did not answer an SSLRequest");
+        let port = pg.port();
+        drop(pg);
+        assert!(!postgres_answers(port));
+    }
+
+    #[test]
+    fn the_missing_binaries_error_names_every_way_out() {
+        let text = binaries_not_found("PATH=/bin".into()).to_string();
+        for part in [
+            "apt-get install -y postgresql",
+            POSTGRES_IMAGE,
+            "DOCKER_HOST",
+            DATABASE_URL_ENV,
+        ] {
+            assert!(text.contains(part), "{part} missing from: {text}");
+        }
     }
 }

@@ -53,6 +53,7 @@ impl RedisServer {
             service: SERVICE,
             binary: "redis-server",
             searched: process::describe_search(&[]),
+            docker: "the testkit has no container fallback for Redis".into(),
             fix: FIX_INSTALL,
         })?;
         let dir = process::service_temp_dir(SERVICE, "exactly-redis-")?;

@@ -1,0 +1,139 @@
+//! The Docker fallback when no Docker engine answers: the errors must name
+//! every way to get the service (environment variable, local install,
+//! Docker) and say why Docker was not used.
+//!
+//! Environment variables are process-global, so this file is its own test
+//! process and holds a single test function that sets them; nothing else
+//! reads them concurrently.
+
+use std::path::Path;
+
+use exactly_testkit::kafka::{KAFKA_BOOTSTRAP_ENV, KAFKA_IMAGE, NISSHI_INSTALL};
+use exactly_testkit::postgres::{DATABASE_URL_ENV, POSTGRES_IMAGE};
+use exactly_testkit::redis::REDIS_URL_ENV;
+use exactly_testkit::{KafkaBroker, PostgresServer, RedisServer, TestkitError, DOCKER_MODE_ENV};
+
+/// The error of a start that must fail, as text (`Display` and `Debug` are
+/// the same for testkit errors).
+fn failure<T: std::fmt::Debug>(what: &str, result: Result<T, TestkitError>) -> String {
+    match result {
+        Ok(handle) => panic!("{what} started although it must fail: {handle:?}"),
+        Err(err) => {
+            assert_eq!(format!("{err:?}"), err.to_string());
+            err.to_string()
+        }
+    }
+}
+
+fn assert_mentions(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "`{part}` missing from the error:\n{text}");
+    }
+}
+
+/// Part of the reason docker gives (no engine at the socket), or of ours
+/// when the `docker` program itself is missing.
+fn assert_names_docker_failure(text: &str) {
+    assert!(
+        text.contains("nonexistent.sock") || text.contains("`docker` program is not on PATH"),
+        "the error does not say why Docker failed:\n{text}"
+    );
+}
+
+#[test]
+fn without_a_docker_engine_the_errors_name_every_option() {
+    let empty = tempfile::tempdir().expect("temp dir");
+    for var in [KAFKA_BOOTSTRAP_ENV, DATABASE_URL_ENV, REDIS_URL_ENV] {
+        std::env::remove_var(var);
+    }
+    std::env::set_var("DOCKER_HOST", "unix:///nonexistent.sock");
+
+    // `always` skips the local programs, so this fails here even though
+    // nisshi and PostgreSQL are installed.
+    std::env::set_var(DOCKER_MODE_ENV, "always");
+    let kafka = failure("Kafka", KafkaBroker::start());
+    assert_mentions(
+        &kafka,
+        &[
+            "EXACTLY_TESTKIT_DOCKER=always skips the local programs",
+            "no Docker engine answered",
+            "DOCKER_HOST",
+            KAFKA_IMAGE,
+            NISSHI_INSTALL,
+            KAFKA_BOOTSTRAP_ENV,
+        ],
+    );
+    assert_names_docker_failure(&kafka);
+
+    let persistent_dir = empty.path().join("broker");
+    let persistent = failure("persistent Kafka", KafkaBroker::start_persistent(&persistent_dir));
+    assert_mentions(&persistent, &["no Docker engine answered", NISSHI_INSTALL]);
+
+    let pg = failure("PostgreSQL", PostgresServer::start());
+    assert_mentions(
+        &pg,
+        &[
+            "EXACTLY_TESTKIT_DOCKER=always skips the local programs",
+            "no Docker engine answered",
+            "DOCKER_HOST",
+            POSTGRES_IMAGE,
+            "apt-get install -y postgresql",
+            DATABASE_URL_ENV,
+        ],
+    );
+    assert_names_docker_failure(&pg);
+
+    // An environment override still wins over everything.
+    std::env::set_var(KAFKA_BOOTSTRAP_ENV, "127.0.0.1:1");
+    let external = KafkaBroker::start().expect("the override needs no broker");
+    assert!(external.is_external());
+    assert_eq!(external.backend(), exactly_testkit::Backend::External);
+    std::env::remove_var(KAFKA_BOOTSTRAP_ENV);
+
+    // With nothing on PATH and no cargo bin dir, `auto` looks for nisshi
+    // first, then asks Docker.
+    std::env::set_var("PATH", empty.path());
+    std::env::set_var("HOME", empty.path());
+    std::env::set_var("CARGO_HOME", empty.path());
+    std::env::set_var(DOCKER_MODE_ENV, "auto");
+    let auto = failure("Kafka without nisshi", KafkaBroker::start());
+    assert_mentions(
+        &auto,
+        &[
+            "cannot find the `nisshi` program",
+            &format!("PATH={}", empty.path().display()),
+            "no Docker engine answered",
+            NISSHI_INSTALL,
+        ],
+    );
+
+    // `never` does not even ask Docker.
+    std::env::set_var(DOCKER_MODE_ENV, "never");
+    let never = failure("Kafka without Docker", KafkaBroker::start());
+    assert_mentions(
+        &never,
+        &[
+            "Docker was not tried because EXACTLY_TESTKIT_DOCKER=never",
+            NISSHI_INSTALL,
+        ],
+    );
+
+    // Redis has no container fallback, and says so.
+    let redis = failure("Redis", RedisServer::start());
+    assert_mentions(
+        &redis,
+        &["no container fallback for Redis", "apt-get install -y redis-server"],
+    );
+
+    // A misspelt mode is an error, not a silent default.
+    std::env::set_var(DOCKER_MODE_ENV, "sometimes");
+    let invalid = failure("Kafka with a bad mode", KafkaBroker::start());
+    assert_mentions(&invalid, &[DOCKER_MODE_ENV, "\"sometimes\"", "never", "auto", "always"]);
+    let invalid = failure("PostgreSQL with a bad mode", PostgresServer::start());
+    assert_mentions(&invalid, &[DOCKER_MODE_ENV]);
+
+    assert!(
+        !Path::new(&persistent_dir).join("kafka-data").exists(),
+        "nothing is prepared for a container that cannot start"
+    );
+}
