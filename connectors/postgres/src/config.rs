@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 
-use exactly_core::ConnectorError;
+use exactly_core::{ConnectorError, JsonPointer};
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
@@ -212,7 +212,7 @@ pub enum FieldSource {
     /// `value`: the raw value bytes.
     Value,
     /// `/a/b`: a JSON pointer (RFC 6901) into the value parsed as JSON.
-    Pointer(String),
+    Pointer(JsonPointer),
 }
 
 const SOURCE_NAMES: &str = "topic, partition, offset, key, timestamp, headers, value, or a JSON pointer such as /id";
@@ -229,7 +229,7 @@ impl FromStr for FieldSource {
             "timestamp" => FieldSource::Timestamp,
             "headers" => FieldSource::Headers,
             "value" => FieldSource::Value,
-            p if p.starts_with('/') => FieldSource::Pointer(p.to_string()),
+            p if p.starts_with('/') => FieldSource::Pointer(JsonPointer::parse(p).map_err(|e| e.to_string())?),
             other => return Err(format!("unknown source `{other}`: use {SOURCE_NAMES}")),
         })
     }
@@ -253,7 +253,7 @@ impl fmt::Display for FieldSource {
             FieldSource::Timestamp => "timestamp",
             FieldSource::Headers => "headers",
             FieldSource::Value => "value",
-            FieldSource::Pointer(p) => p,
+            FieldSource::Pointer(p) => p.as_str(),
         })
     }
 }
@@ -713,7 +713,10 @@ raw = { from = "value", type = "bytea" }
         config.validate().unwrap();
         let names: Vec<&str> = config.columns.0.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["id", "name", "topic", "raw"]);
-        assert_eq!(config.columns.0[0].1.from, FieldSource::Pointer("/id".into()));
+        assert_eq!(
+            config.columns.0[0].1.from,
+            FieldSource::Pointer(JsonPointer::parse("/id").unwrap())
+        );
         assert!(config.columns.0[0].1.required);
         assert!(!config.columns.0[1].1.required);
         assert_eq!(config.mode, SinkMode::TwoPhase);

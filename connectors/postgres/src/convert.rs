@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::error::Error;
 
 use bytes::{BufMut, BytesMut};
-use exactly_core::Record;
+use exactly_core::{JsonPointer, Record};
 use serde_json::Value;
 use tokio_postgres::types::{to_sql_checked, IsNull, Json, ToSql, Type};
 
@@ -127,20 +127,35 @@ enum Input<'a> {
 /// Converts a record into one cell per column, or explains every column
 /// that does not fit.
 pub(crate) fn to_row(record: &Record, columns: &[ColumnSpec]) -> Result<Vec<Cell>, String> {
-    let needs_json = columns.iter().any(|c| matches!(c.from, FieldSource::Pointer(_)));
-    let parsed = if needs_json {
-        Some(
-            serde_json::from_slice::<Value>(&record.value)
-                .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?,
-        )
+    // Every pointer is answered in one pass over the value.
+    let pointers: Vec<&JsonPointer> = columns
+        .iter()
+        .filter_map(|c| match &c.from {
+            FieldSource::Pointer(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    let pointed = if pointers.is_empty() {
+        Vec::new()
     } else {
-        None
+        JsonPointer::find_all(&pointers, &record.value)
+            .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?
     };
+    let mut pointed = pointed.iter();
     let mut cells = Vec::with_capacity(columns.len());
     let mut problems = Vec::new();
     for column in columns {
-        let input = extract(record, &column.from, parsed.as_ref());
-        match convert(input, column) {
+        let input = match column.from {
+            FieldSource::Pointer(_) => match pointed.next().expect("one answer per pointer column") {
+                None => Input::Missing,
+                Some(Value::Null) => Input::Null,
+                Some(v) => Input::Json(v),
+            },
+            ref from => extract(record, from),
+        };
+        // The pointer pass read the whole value as JSON already.
+        let known_json = !pointers.is_empty() && column.from == FieldSource::Value;
+        match convert(input, column, known_json) {
             Ok(cell) => cells.push(cell),
             Err(problem) => problems.push(format!(
                 "column \"{}\" (from {}, {}): {problem}",
@@ -157,7 +172,8 @@ pub(crate) fn to_row(record: &Record, columns: &[ColumnSpec]) -> Result<Vec<Cell
     }
 }
 
-fn extract<'a>(record: &'a Record, from: &FieldSource, parsed: Option<&'a Value>) -> Input<'a> {
+/// The input of a column that is not a JSON pointer.
+fn extract<'a>(record: &'a Record, from: &FieldSource) -> Input<'a> {
     match from {
         FieldSource::Topic => Input::Text(record.topic_partition().map_or(record.split.as_str(), |(t, _)| t)),
         FieldSource::Partition => record
@@ -168,15 +184,12 @@ fn extract<'a>(record: &'a Record, from: &FieldSource, parsed: Option<&'a Value>
         FieldSource::Timestamp => record.timestamp_ms.map_or(Input::Missing, Input::Millis),
         FieldSource::Headers => Input::Headers(&record.headers),
         FieldSource::Value => Input::Raw(&record.value),
-        FieldSource::Pointer(pointer) => match parsed.and_then(|v| v.pointer(pointer)) {
-            None => Input::Missing,
-            Some(Value::Null) => Input::Null,
-            Some(v) => Input::Json(v),
-        },
+        FieldSource::Pointer(_) => unreachable!("pointers are answered by to_row"),
     }
 }
 
-fn convert(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
+/// `known_json`: the input is bytes already read as valid JSON.
+fn convert(input: Input<'_>, column: &ColumnSpec, known_json: bool) -> Result<Cell, String> {
     let cell = match input {
         Input::Missing | Input::Null if column.required => {
             return Err(match input {
@@ -185,7 +198,7 @@ fn convert(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
             })
         }
         Input::Missing | Input::Null => Cell::Null,
-        input => typed(input, column)?,
+        input => typed(input, column, known_json)?,
     };
     if cell == Cell::Null && column.not_null {
         return Err("no value, but the column is NOT NULL in the table".into());
@@ -193,7 +206,7 @@ fn convert(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
     Ok(cell)
 }
 
-fn typed(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
+fn typed(input: Input<'_>, column: &ColumnSpec, known_json: bool) -> Result<Cell, String> {
     Ok(match column.ty {
         ColumnType::SmallInt => Cell::SmallInt(in_range(integer(&input)?, "smallint")?),
         ColumnType::Int => Cell::Int(in_range(integer(&input)?, "int")?),
@@ -230,19 +243,73 @@ fn typed(input: Input<'_>, column: &ColumnSpec) -> Result<Cell, String> {
         ColumnType::Boolean => Cell::Bool(boolean(&input)?),
         ColumnType::Bytea => Cell::Bytes(bytes(&input)),
         ColumnType::Json | ColumnType::Jsonb => {
+            let jsonb = column.ty == ColumnType::Jsonb;
+            if let Input::Raw(raw) = input {
+                // Valid JSON bytes keep their text (key order, spacing),
+                // checked without building the document.
+                return Ok(Cell::JsonText(json_text(raw, jsonb, known_json)?.to_string()));
+            }
             let value = json(&input)?;
-            if column.ty == ColumnType::Jsonb && contains_nul(&value) {
-                return Err("jsonb cannot store the character \\u0000".into());
+            if jsonb && contains_nul(&value) {
+                return Err(NUL_IN_JSONB.into());
             }
-            match input {
-                // Valid JSON bytes keep their text (key order, spacing).
-                Input::Raw(raw) => Cell::JsonText(utf8(raw)?.to_string()),
-                _ => Cell::Json(value),
-            }
+            Cell::Json(value)
         }
         ColumnType::Timestamptz => Cell::Timestamptz(timestamp(&input)?),
     })
 }
+
+const NUL_IN_JSONB: &str = "jsonb cannot store the character \\u0000";
+
+/// `raw` as JSON text PostgreSQL accepts for `json` (or `jsonb`): UTF-8,
+/// valid JSON, every `\\u` escape a character (a surrogate only as a pair)
+/// and, for `jsonb`, none of them `\\u0000`.
+/// `known_json`: `raw` was read as valid JSON already; only its escapes
+/// are left to check.
+fn json_text(raw: &[u8], jsonb: bool, known_json: bool) -> Result<&str, String> {
+    let text = utf8(raw)?;
+    if !known_json {
+        serde_json::from_slice::<serde::de::IgnoredAny>(raw)
+            .map_err(|e| format!("the bytes are not valid JSON ({e})"))?;
+    }
+    // Valid JSON has backslashes only in strings, each starting an escape.
+    let bytes = raw;
+    let mut i = 0;
+    // Whether the escape just read is a high surrogate, which the next
+    // characters must complete with a low one.
+    let mut pending_high = false;
+    while let Some(at) = bytes[i..].iter().position(|b| *b == b'\\') {
+        let start = i + at;
+        if bytes[start + 1] != b'u' {
+            if pending_high {
+                return Err(LONE_SURROGATE.into());
+            }
+            i = start + 2;
+            continue;
+        }
+        let hex = std::str::from_utf8(&bytes[start + 2..start + 6]).expect("checked JSON");
+        let unit = u16::from_str_radix(hex, 16).expect("checked JSON");
+        if pending_high && start != i {
+            return Err(LONE_SURROGATE.into());
+        }
+        let follows_high = std::mem::take(&mut pending_high);
+        match unit {
+            0 if jsonb => return Err(NUL_IN_JSONB.into()),
+            0xD800..=0xDBFF if !follows_high => pending_high = true,
+            0xDC00..=0xDFFF if follows_high => {}
+            0xD800..=0xDFFF => return Err(LONE_SURROGATE.into()),
+            _ if follows_high => return Err(LONE_SURROGATE.into()),
+            _ => {}
+        }
+        i = start + 6;
+    }
+    if pending_high {
+        return Err(LONE_SURROGATE.into());
+    }
+    Ok(text)
+}
+
+const LONE_SURROGATE: &str = "the bytes are not valid JSON (a \\u escape is half of a surrogate pair)";
 
 fn utf8(raw: &[u8]) -> Result<&str, String> {
     std::str::from_utf8(raw).map_err(|e| format!("the bytes are not valid UTF-8 ({e})"))
@@ -636,5 +703,51 @@ mod tests {
         ];
         let err = to_row(&record, &columns).unwrap_err();
         assert!(err.contains("column \"a\"") && err.contains("column \"b\""), "{err}");
+    }
+
+    /// The raw-value check agrees with parsing the whole document (what
+    /// PostgreSQL's json/jsonb input accepts) on escapes of every kind.
+    #[test]
+    fn raw_json_text_checks_escapes_like_a_full_parse() {
+        let reference = |raw: &str, jsonb: bool| -> bool {
+            serde_json::from_str::<Value>(raw).is_ok_and(|v| !(jsonb && contains_nul(&v)))
+        };
+        let cases = [
+            r#"{"a":"plain"}"#,
+            r#"{"a":"x\u0000"}"#,
+            r#"{"a":"x\\u0000"}"#,
+            r#"{"a":"\\\u0000"}"#,
+            r#"{"a":"\ud83d\ude00"}"#,
+            r#"{"a":"\ud83d"}"#,
+            r#"{"a":"\ud83dx\ude00"}"#,
+            r#"{"a":"\ude00"}"#,
+            r#"{"a":"\ud83d\u0041"}"#,
+            r#"{"a":"\ud83d\n"}"#,
+            r#"{"a":"\ud83d\ud83d\ude00"}"#,
+            r#"{"a":"\ud83d","b":"\ude00"}"#,
+            r#"["\u00e9\"\/\b\f\n\r\t"]"#,
+            r#"{"\u0000":1}"#,
+            r#"{"a":"\uZZZZ"}"#,
+            r#"{"a":1} x"#,
+            "{\"a\":\"\u{1}\"}",
+            "[1e400]",
+        ];
+        for raw in cases {
+            for jsonb in [false, true] {
+                let ours = json_text(raw.as_bytes(), jsonb, false).is_ok();
+                if ours {
+                    assert!(json_text(raw.as_bytes(), jsonb, true).is_ok(), "{raw}");
+                }
+                // serde_json refuses 1e400 as a float; PostgreSQL takes it as numeric.
+                let expected = if raw == "[1e400]" { true } else { reference(raw, jsonb) };
+                assert_eq!(
+                    ours,
+                    expected,
+                    "{raw} (jsonb: {jsonb}): {:?}",
+                    json_text(raw.as_bytes(), jsonb, false)
+                );
+            }
+        }
+        assert!(json_text(b"\"\xff\"", false, false).unwrap_err().contains("UTF-8"));
     }
 }

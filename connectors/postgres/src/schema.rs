@@ -720,7 +720,10 @@ mod tests {
         let mut config = PostgresSinkConfig::new("postgres://u@h/db", "s.t")
             .column(
                 "id",
-                ColumnConfig::new(FieldSource::Pointer("/id".into()), ColumnType::BigInt),
+                ColumnConfig::new(
+                    FieldSource::Pointer(exactly_core::JsonPointer::parse("/id").unwrap()),
+                    ColumnType::BigInt,
+                ),
             )
             .column("v", ColumnConfig::new(FieldSource::Value, ColumnType::Text));
         config.columns.0[1].1.required = false;

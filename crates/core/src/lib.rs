@@ -12,6 +12,7 @@ pub mod coordinator;
 pub mod error;
 pub mod fault;
 pub mod idempotent;
+pub mod json;
 pub mod metrics;
 pub mod pipeline;
 pub mod record;
@@ -28,6 +29,7 @@ pub use idempotent::{
     DeadLetter, Fenced, FencedSink, FencedSinkFactory, HeldRecords, IdempotentSink, IdempotentSinkFactory, ReplaySafe,
     WriteAhead, WriteOutcome,
 };
+pub use json::{InvalidPointer, JsonPointer};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use pipeline::{route, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
