@@ -637,3 +637,75 @@ async fn missing_privileges_are_fatal_errors_naming_the_grant() {
         .await
         .unwrap();
 }
+
+/// Rows stream into one COPY across writes; a batch with dead letters ends it
+/// (the dead-letter COPY needs the connection) and the next write starts
+/// another, and so does every 512 KiB of record data. Every row and dead
+/// letter must land exactly once, in the transaction.
+#[tokio::test]
+async fn rows_stream_across_writes_around_dead_letters_and_copy_segments() {
+    let f = Fixture::new("stream", ID_NAME).await;
+    let (mut sink, metrics) = f.recovered(0, &[]).await;
+    let padding = "p".repeat(300);
+    let batch = |from: i64, n: i64| -> Vec<Record> {
+        (from..from + n)
+            .map(|i| record(0, i, &format!(r#"{{"id":{i},"name":"n{i}{padding}"}}"#)))
+            .collect()
+    };
+    let mut txn = sink.begin(CheckpointId(1)).await.unwrap();
+    // 2,000 rows of ~330 bytes: more than one COPY segment.
+    for from in (0..2000).step_by(500) {
+        sink.write(&mut txn, &batch(from, 500)).await.unwrap();
+    }
+    let mut with_bad = batch(2000, 3);
+    with_bad.insert(1, record(0, 5000, "not json"));
+    sink.write(&mut txn, &with_bad).await.unwrap();
+    sink.write(&mut txn, &batch(2003, 7)).await.unwrap();
+    assert_eq!(f.count().await, 0, "nothing is visible before commit");
+    let c = sink.pre_commit(txn).await.unwrap();
+    sink.commit(&c).await.unwrap();
+
+    let ids: Vec<i64> = column(&f.db, &format!("SELECT id FROM \"{}\" ORDER BY id", f.table)).await;
+    assert_eq!(ids, (0..2010).collect::<Vec<i64>>());
+    assert_eq!(count(&f.db, &format!("{}_dead_letters", f.table)).await, 1);
+    assert_eq!(metrics.snapshot().dead_letters, 1);
+}
+
+/// A row that converts fine but that the server refuses (a CHECK constraint)
+/// fails the streamed COPY: the error surfaces at the latest in pre-commit,
+/// names the constraint problem, leaves nothing behind after the abort, and
+/// the sink's next transaction works.
+#[tokio::test]
+async fn a_row_the_server_refuses_fails_the_transaction_and_leaves_nothing() {
+    let f = Fixture::new("refused", &ID_NAME.replace("create_table = true\n", "")).await;
+    f.db.batch_execute(&format!(
+        "CREATE TABLE \"{}\" (id bigint, name text CHECK (name <> 'refused'))",
+        f.table
+    ))
+    .await
+    .unwrap();
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let mut txn = sink.begin(CheckpointId(1)).await.unwrap();
+    let mut rows = people(0, 0, 3);
+    rows.push(record(0, 3, r#"{"id":3,"name":"refused"}"#));
+    // The refusal may be seen by this write or only when the COPY ends.
+    let failure = match sink.write(&mut txn, &rows).await {
+        Err(e) => {
+            sink.abort(txn).await.unwrap();
+            Err(e)
+        }
+        Ok(()) => sink.pre_commit(txn).await.map(drop),
+    };
+    let message = fatal_message(failure);
+    assert!(
+        message.contains("23514") && message.contains("breaks a constraint"),
+        "{message}"
+    );
+    assert_eq!(f.count().await, 0);
+    assert!(prepared(&f.db, sink.gid_prefix()).await.is_empty());
+
+    let c = prepare(&mut sink, 3, &[people(0, 10, 2)]).await;
+    sink.commit(&c).await.unwrap();
+    let ids: Vec<i64> = column(&f.db, &format!("SELECT id FROM \"{}\" ORDER BY id", f.table)).await;
+    assert_eq!(ids, [10, 11]);
+}
