@@ -50,6 +50,13 @@ fn produce(bootstrap: &str, topic: &str, records: Vec<ProduceRecord>) {
     });
 }
 
+/// Fetches of about ten records: the source then reads the topic in many
+/// round trips, so a run spans many checkpoints and the crash points that
+/// count checkpoints are reached (with whole-megabyte fetches the sink
+/// streams the 4,000 records within the first checkpoint).
+const SMALL_FETCHES: &str = "\n[source.kafka.properties]\n\"fetch.max.bytes\" = \"1024\"\n\
+                             \"max.partition.fetch.bytes\" = \"1024\"\n\"message.max.bytes\" = \"1000\"\n";
+
 fn pipeline_file(dir: &Path, name: &str, guarantee: &str, s: &Services, topic: &str, table: &str) -> PathBuf {
     let file = dir.join(format!("{name}.toml"));
     std::fs::write(
@@ -62,7 +69,7 @@ fn pipeline_file(dir: &Path, name: &str, guarantee: &str, s: &Services, topic: &
                 "strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 100"
             ),
             sections = exactly::config::orders_sections(s.kafka.bootstrap(), topic, s.postgres.url(), table),
-        ),
+        ) + SMALL_FETCHES,
     )
     .unwrap();
     file
@@ -171,8 +178,15 @@ fn run_with_outage(name: &str, outage: impl FnOnce(&mut Services)) {
     produce(s.kafka.bootstrap(), name, (0..orders).map(order).collect());
     let dir = tempfile::tempdir().unwrap();
     let config = pipeline_file(dir.path(), name, "exactly-once", &s, name, name);
-    let child = spawn(&config);
+    let mut child = spawn(&config);
     std::thread::sleep(Duration::from_millis(1500));
+    // The outage must hit a run in progress, or the test proves nothing.
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{name}: the pipeline ended before the outage"
+    );
+    let before = table_state(s.postgres.url(), name).rows;
+    assert!(before < orders, "{name}: every row was committed before the outage");
     outage(&mut s);
     let (status, _, log) = wait(child, Duration::from_secs(240));
     assert!(status.success(), "{name}: the pipeline failed:\n{log}");

@@ -65,6 +65,14 @@ impl KafkaSourceMetrics {
     }
 }
 
+/// Default prefetch settings of a consumer, each overridable in
+/// `properties`: librdkafka queues up to 64 MiB per consumer (most of a
+/// pipeline's memory), and once its queue is full it waits a whole second
+/// before fetching again. 4 MiB with a 10 ms wait keeps fetches flowing at
+/// the same speed with a third of the memory (`BENCHMARKS.md`).
+pub const PREFETCH_DEFAULTS: [(&str, &str); 2] =
+    [("queued.max.messages.kbytes", "4096"), ("fetch.queue.backoff.ms", "10")];
+
 /// librdkafka settings for `bootstrap` plus `properties`.
 pub(crate) fn client_config<'a>(
     bootstrap: &str,
@@ -147,11 +155,16 @@ impl ClientContext for SourceContext {
 impl ConsumerContext for SourceContext {}
 
 /// Settings shared by every consumer the crate creates: explicit offsets only,
-/// nothing stored or committed automatically, committed data only. Offsets
-/// that are out of range (deleted by retention) restart at the earliest
-/// record unless `properties` says otherwise.
+/// nothing stored or committed automatically, committed data only. Unless
+/// `properties` says otherwise, offsets that are out of range (deleted by
+/// retention) restart at the earliest record, and prefetching follows
+/// [`PREFETCH_DEFAULTS`].
 pub(crate) fn consumer_config(bootstrap: &str, group: &str, properties: &BTreeMap<String, String>) -> ClientConfig {
-    let defaults = [("auto.offset.reset".to_string(), "earliest".to_string())];
+    let defaults: Vec<(String, String)> = [("auto.offset.reset", "earliest")]
+        .into_iter()
+        .chain(PREFETCH_DEFAULTS)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let mut config = client_config(bootstrap, defaults.iter().map(|(k, v)| (k, v)).chain(properties));
     config
         .set("group.id", group)

@@ -87,7 +87,11 @@ pub struct KafkaSourceConfig {
     pub stop_at_end: bool,
     /// Extra librdkafka consumer settings (`"fetch.max.bytes" = "1048576"`);
     /// strings, numbers and booleans are accepted. Settings the source owns are
-    /// rejected by [`validate`](Self::validate).
+    /// rejected by [`validate`](Self::validate). Defaults that differ from
+    /// librdkafka's: `auto.offset.reset = "earliest"`,
+    /// `queued.max.messages.kbytes = 4096` (each subtask queues about 4 MiB
+    /// fetched ahead, instead of 64 MiB) and `fetch.queue.backoff.ms = 10`
+    /// (fetching resumes 10 ms after the queue was full, instead of 1 s).
     #[serde(default, deserialize_with = "de_properties")]
     pub properties: BTreeMap<String, String>,
 }

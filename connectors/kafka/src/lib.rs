@@ -113,7 +113,7 @@ mod source;
 /// read_committed consumers may see of a topic.
 pub use exactly_kafka_wire as wire;
 
-pub use client::KafkaSourceMetricsSnapshot;
+pub use client::{KafkaSourceMetricsSnapshot, PREFETCH_DEFAULTS};
 pub use config::{
     KafkaConfigError, KafkaSourceConfig, StartPosition, DEFAULT_PARTITION_DISCOVERY_INTERVAL, DEFAULT_STARTUP_TIMEOUT,
 };
