@@ -9,10 +9,17 @@
 //! Every measured run is a child process (the `exactly` release binary, or this
 //! bench binary re-executed in a baseline role), so its peak RSS comes from
 //! `wait4` and its throughput from the wall-clock time between spawn and exit.
-//! Pipelines read unbounded and get SIGTERM (last checkpoint, commit, exit) as
-//! soon as every record is visible in the sink: with `stop_at_end` the Kafka
-//! source's end-offset request times out behind the broker's first fetch of a
-//! large partition on Nisshi (`EXACTLY_BENCH_STOP_AT_END=1` tries it anyway).
+//! Pipelines are bounded (`stop_at_end = true`): they read up to the end
+//! offsets they find at start, take a last checkpoint, commit and exit, like
+//! the baselines, which also stop at the end. With `EXACTLY_BENCH_STOP_AT_END=0`
+//! they read unbounded and get SIGTERM (last checkpoint, commit, exit) once a
+//! persisted checkpoint has read every record, which adds up to one
+//! checkpoint interval.
+//!
+//! The broker (Nisshi) keeps the topic in memory by default: on its SQLite
+//! storage every fetch costs the broker seconds of CPU and the same read
+//! varies by ±30 % from one run to the next, which hides what the pipeline
+//! itself costs (`EXACTLY_BENCH_BROKER_STORAGE=sqlite` measures it anyway).
 //!
 //! Settings (environment variables):
 //!
@@ -23,7 +30,8 @@
 //! | `EXACTLY_BENCH_LATENCY_SECS` | 20 | length of the latency phase (0 skips it) |
 //! | `EXACTLY_BENCH_RUNS` | `loop,copy,consume,eo,alo,redis,pg-fenced,loop,eo,alo` | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
 //! | `EXACTLY_BENCH_SOURCE_EXTRA` | — | TOML lines appended to every pipeline's `[source.kafka]` (experiments) |
-//! | `EXACTLY_BENCH_STOP_AT_END` | 0 | 1: pipelines end by `stop_at_end` instead of SIGTERM once everything is visible |
+//! | `EXACTLY_BENCH_STOP_AT_END` | 1 | 0: pipelines read unbounded and end by SIGTERM once a persisted checkpoint has read everything |
+//! | `EXACTLY_BENCH_BROKER_STORAGE` | `memory` | the broker's storage: `memory` or `sqlite` |
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
@@ -38,6 +46,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::BytesMut;
+use exactly_core::{CheckpointStore, FsCheckpointStore};
 use exactly_kafka::admin::KafkaAdmin;
 use exactly_testkit::{KafkaBroker, PostgresServer, RedisServer};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -92,6 +101,11 @@ fn order_json(id: u64) -> String {
 /// at offsets `0, 1, ...`).
 fn partition_of(id: u64) -> i32 {
     (id % PARTITIONS as u64) as i32
+}
+
+/// How many of the first `records` ids go to partition `p`.
+fn records_in_partition(records: u64, p: i32) -> i64 {
+    (0..records).filter(|id| partition_of(*id) == p).count() as i64
 }
 
 /// The target table: one row per record, primary key (partition, offset).
@@ -165,7 +179,9 @@ async fn pg_connect(url: &str) -> Result<tokio_postgres::Client> {
 /// A consumer with the settings of the exactly Kafka source (explicit
 /// assignment, read_committed, no group commits).
 fn raw_consumer(bootstrap: &str) -> Result<BaseConsumer> {
-    Ok(ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config.extend(exactly_kafka::PREFETCH_DEFAULTS.map(|(k, v)| (k.to_string(), v.to_string())));
+    Ok(config
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "exactly-bench-raw")
         .set("auto.offset.reset", "earliest")
@@ -283,8 +299,10 @@ struct Settings {
     records: u64,
     latency_rate: u64,
     latency_secs: u64,
-    /// Pipelines end by `stop_at_end` instead of SIGTERM once all is visible.
+    /// Pipelines end by `stop_at_end` instead of SIGTERM.
     stop_at_end: bool,
+    /// The broker keeps its data in SQLite instead of memory.
+    sqlite_storage: bool,
     kinds: Vec<Kind>,
 }
 
@@ -308,11 +326,18 @@ impl Settings {
                 .collect::<Result<Vec<Kind>>>()?,
             Err(_) => Kind::DEFAULT.to_vec(),
         };
+        let sqlite_storage = match std::env::var("EXACTLY_BENCH_BROKER_STORAGE").as_deref() {
+            Err(_) | Ok("memory") => false,
+            Ok("sqlite") => true,
+            Ok(other) => bail!("EXACTLY_BENCH_BROKER_STORAGE: unknown storage `{other}` (memory or sqlite)"),
+        };
+        let stop_at_end = std::env::var("EXACTLY_BENCH_STOP_AT_END").map_or(true, |v| v != "0");
         Ok(Settings {
             records,
             latency_rate: env_u64("EXACTLY_BENCH_LATENCY_RATE", 2000)?.max(1),
             latency_secs: env_u64("EXACTLY_BENCH_LATENCY_SECS", 20)?,
-            stop_at_end: std::env::var("EXACTLY_BENCH_STOP_AT_END").is_ok_and(|v| v == "1"),
+            stop_at_end,
+            sqlite_storage,
             kinds,
         })
     }
@@ -371,8 +396,13 @@ fn bench() -> Result<()> {
     }
     let work = tempfile::Builder::new().prefix("exactly-bench-").tempdir()?;
     eprintln!("[bench] work folder {}", work.path().display());
-    eprintln!("[bench] starting Nisshi (SQLite storage), PostgreSQL and Redis from the test kit");
-    let kafka = KafkaBroker::start_persistent(work.path().join("broker"))?;
+    let storage = if settings.sqlite_storage { "SQLite" } else { "memory" };
+    eprintln!("[bench] starting Nisshi ({storage} storage), PostgreSQL and Redis from the test kit");
+    let kafka = if settings.sqlite_storage {
+        KafkaBroker::start_persistent(work.path().join("broker"))?
+    } else {
+        KafkaBroker::start()?
+    };
     let postgres = PostgresServer::start()?;
     let redis = RedisServer::start()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -485,9 +515,10 @@ fn describe_environment(ctx: &Ctx) -> Result<String> {
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "nisshi (version unknown)".into());
     let s = &ctx.settings;
+    let storage = if s.sqlite_storage { "SQLite" } else { "memory" };
     Ok(format!(
         "machine: {cores} cores ({cpu}), {mem_gib:.1} GiB memory, load average at start {}\n\
-         broker: {nisshi}, SQLite storage; PostgreSQL {pg_version} (test kit: fsync = off); Redis from the test kit (no persistence)\n\
+         broker: {nisshi}, {storage} storage; PostgreSQL {pg_version} (test kit: fsync = off); Redis from the test kit (no persistence)\n\
          workload: {} records of ~{} bytes, {PARTITIONS} partitions, parallelism {PARALLELISM}, checkpoint interval {CHECKPOINT_INTERVAL}, batch {BATCH}\n\
          latency phase: {} records/s for {} s per run",
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
@@ -527,7 +558,11 @@ fn preload(ctx: &Ctx, n: u64) -> Result<()> {
                     Err((e, _)) => bail!("producing record {id}: {e}"),
                 }
             }
-            if pending.len() >= 50_000 || id + 1 == n {
+            // The last record of every partition goes alone in its own
+            // batch: Nisshi's memory storage answers a partition's end offset
+            // with its last batch's base offset + 1, which is then right, so
+            // bounded pipelines (`stop_at_end`) stop at the real end.
+            if pending.len() >= 50_000 || id + 1 + PARTITIONS as u64 >= n {
                 for delivery in pending.drain(..) {
                     delivery
                         .await
@@ -577,19 +612,26 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
         let file = write_pipeline(ctx, kind, &format!("{name}-tp"), TOPIC, &target, bounded)?;
         let running = spawn_pipeline(ctx, &file)?;
         if !bounded {
-            // Unbounded: SIGTERM (last checkpoint, commit, exit) as soon as
-            // every record is visible in the sink.
-            let mut visibility = visibility(ctx, kind, &target, TOPIC)?;
-            let last: Vec<i64> = (0..PARTITIONS)
-                .map(|p| (0..n).filter(|id| partition_of(*id) == p).count() as i64 - 1)
+            // Unbounded: SIGTERM (last checkpoint, commit, exit) as soon as a
+            // persisted checkpoint has read every record. Its transactions
+            // are committed before the process exits, which ends the
+            // measurement. (Polling the sink instead costs PostgreSQL dearly:
+            // `max(off)` walks every row of the open transaction.)
+            let store = FsCheckpointStore::new(file.with_file_name("checkpoints"), &format!("{name}-tp"), 1);
+            let ends: Vec<(String, i64)> = (0..PARTITIONS)
+                .map(|p| (format!("{TOPIC}-{p}"), records_in_partition(n, p)))
                 .collect();
             let deadline = Instant::now() + RUN_TIMEOUT;
             loop {
                 if running.has_exited() {
                     break;
                 }
-                let visible = visibility.read()?;
-                if visible.iter().zip(&last).all(|(v, l)| v.is_some_and(|v| v >= *l)) {
+                let read_all = store.latest().ok().flatten().is_some_and(|entry| {
+                    let positions = &entry.checkpoint.positions;
+                    ends.iter()
+                        .all(|(split, end)| positions.get(split).is_some_and(|at| at >= *end))
+                });
+                if read_all {
                     running.signal(libc::SIGTERM);
                     break;
                 }
@@ -1683,15 +1725,17 @@ mod baseline {
     }
 
     /// Assigns `partitions` from the beginning and returns the consumer and
-    /// the end offsets it has to reach.
+    /// the end offsets it has to reach: the preload wrote `records` records
+    /// round robin with a plain producer, so partition `p` holds offsets
+    /// `0..` its share (asking the broker would not do: Nisshi's memory
+    /// storage misreports the end).
     fn open(args: &Args, partitions: &[i32]) -> Result<(BaseConsumer, Vec<(i32, i64)>)> {
         let consumer = raw_consumer(&args.bootstrap)?;
         let mut list = TopicPartitionList::new();
         let mut ends = Vec::new();
         for &p in partitions {
             list.add_partition_offset(&args.topic, p, Offset::Beginning)?;
-            let (_, high) = consumer.fetch_watermarks(&args.topic, p, Duration::from_secs(30))?;
-            ends.push((p, high));
+            ends.push((p, records_in_partition(args.records, p)));
         }
         consumer.assign(&list)?;
         Ok((consumer, ends))
