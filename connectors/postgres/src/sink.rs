@@ -161,7 +161,7 @@ impl PostgresSink {
     /// Rolls back a transaction left open on the write connection (the
     /// runtime aborts failed transactions, so this is only a safety net).
     async fn discard_open(&mut self) {
-        self.copy = None;
+        self.drop_copy();
         if !std::mem::take(&mut self.open) {
             return;
         }
@@ -290,9 +290,16 @@ impl PostgresSink {
             }
         }
         result.map_err(|e| {
-            self.copy = None;
+            self.drop_copy();
             self.pg_error("COPY of rows", &e)
         })
+    }
+
+    /// Drops the open COPY of rows, if any, which fails it (and with it the
+    /// transaction, which must then be rolled back).
+    fn drop_copy(&mut self) {
+        self.copy = None;
+        self.copy_bytes = 0;
     }
 
     /// Ends the open COPY of rows, if any, and waits for PostgreSQL's answer.
@@ -408,14 +415,19 @@ impl TwoPhaseCommitSink for PostgresSink {
     }
 
     /// Opens the transaction (`BEGIN`) on the write connection, reconnecting
-    /// if it was lost.
+    /// if it was lost. Inside it, lock waits end after [`LOCK_TIMEOUT`] and
+    /// `statement_timeout` is off: the COPY of rows stays open across writes,
+    /// up to a whole checkpoint interval when data is slow, and a server's or
+    /// role's `statement_timeout` would cancel it every interval.
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<PostgresTransaction, ConnectorError> {
         self.layout()?;
         self.discard_open().await;
         self.connect_writer().await?;
         let result = self
             .writer()?
-            .batch_execute(&format!("BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+            .batch_execute(&format!(
+                "BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; SET LOCAL statement_timeout = 0"
+            ))
             .await;
         result.map_err(|e| self.pg_error("BEGIN", &e))?;
         self.open = true;
@@ -512,7 +524,10 @@ impl TwoPhaseCommitSink for PostgresSink {
                 .await
         }
         .await;
-        self.open = false;
+        // Prepared: the connection has no transaction any more. Failed: the
+        // transaction is aborted but still open, and the next `begin` (or
+        // `recover`) rolls it back.
+        self.open = result.is_err();
         let prepared: i64 = result.map_err(|e| self.pg_error("PREPARE TRANSACTION", &e))?.get(0);
         if prepared != 1 {
             return Err(ConnectorError::transient(
@@ -545,7 +560,7 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// server rolled it back already.
     async fn abort(&mut self, txn: PostgresTransaction) -> Result<(), ConnectorError> {
         // An unfinished COPY is failed by dropping it; ROLLBACK follows.
-        self.copy = None;
+        self.drop_copy();
         if !self.open {
             return Ok(());
         }

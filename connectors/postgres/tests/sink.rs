@@ -709,3 +709,32 @@ async fn a_row_the_server_refuses_fails_the_transaction_and_leaves_nothing() {
     let ids: Vec<i64> = column(&f.db, &format!("SELECT id FROM \"{}\" ORDER BY id", f.table)).await;
     assert_eq!(ids, [10, 11]);
 }
+
+/// A role with a short `statement_timeout` (common on managed servers) must
+/// not cancel the COPY that stays open across the writes of a transaction.
+#[tokio::test]
+async fn a_short_statement_timeout_does_not_cancel_the_open_copy() {
+    let f = Fixture::new("timeout", ID_NAME).await;
+    let role = unique("short_timeout");
+    f.db.batch_execute(&format!(
+        "CREATE ROLE \"{role}\" LOGIN SUPERUSER; ALTER ROLE \"{role}\" SET statement_timeout = '200ms'"
+    ))
+    .await
+    .unwrap();
+    let url = f.pg.url().replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(
+        url,
+        f.pg.url(),
+        "this test needs a URL of the form postgres://postgres@HOST/DB"
+    );
+    let config = config(&url, &f.table, ID_NAME);
+    let (mut sink, _) = new_sink(&config, &f.pipeline, 0);
+    sink.recover(&[]).await.unwrap();
+    let mut txn = sink.begin(CheckpointId(1)).await.unwrap();
+    sink.write(&mut txn, &people(0, 0, 2)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sink.write(&mut txn, &people(0, 2, 2)).await.unwrap();
+    let c = sink.pre_commit(txn).await.unwrap();
+    sink.commit(&c).await.unwrap();
+    assert_eq!(f.count().await, 4);
+}

@@ -4,14 +4,16 @@
 //! that with `serde_json::from_slice::<Value>` and `Value::pointer` builds the
 //! whole document (a map node and a `String` per key) for every record and
 //! re-splits the pointer on every lookup. [`JsonPointer`] splits once, and
-//! [`JsonPointer::find_all`] walks the bytes once, skipping what no pointer
-//! reaches and building only the values the pointers name. The whole document
-//! is still checked to be valid JSON, so a malformed value is an error even
-//! when the pointed-at part parses.
+//! [`JsonPointer::find_all`] walks the bytes once, reading what no pointer
+//! reaches without allocating and building only the values the pointers name.
+//! The whole document is checked as strictly as parsing it into a `Value`
+//! would (UTF-8, escapes, number range, nesting depth), so a malformed value
+//! is an error even when the pointed-at part parses; [`validate`] does only
+//! that check.
 
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -113,6 +115,12 @@ impl JsonPointer {
     }
 }
 
+/// Checks that `json` is one JSON document that parsing into a
+/// [`serde_json::Value`] would accept, without building it.
+pub fn validate(json: &[u8]) -> Result<(), serde_json::Error> {
+    JsonPointer::find_all(&[], json).map(drop)
+}
+
 impl fmt::Display for JsonPointer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
@@ -145,10 +153,10 @@ impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        if self.wanted.is_empty() {
-            IgnoredAny::deserialize(deserializer)?;
-            return Ok(());
-        }
+        // Parts no pointer reaches are still read through `deserialize_any`
+        // (not skipped with `IgnoredAny`, which checks less): strings must be
+        // UTF-8 with whole surrogate pairs, numbers in range, nesting at most
+        // 128 deep, exactly what parsing into a `Value` refuses.
         if self.wanted.iter().any(|w| w.rest.is_empty()) {
             // Some pointer names this very node: build it once and answer
             // every pointer from it.
@@ -348,6 +356,33 @@ mod tests {
             let pointers = ["", "/0", "/1/1", "/x"];
             assert_eq!(streamed(doc, &pointers), reference(doc, &pointers), "{doc}");
         }
+    }
+
+    #[test]
+    fn parts_no_pointer_reaches_are_checked_as_strictly_as_a_full_parse() {
+        let deep = format!("{{\"id\":1,\"x\":{}{}}}", "[".repeat(200), "]".repeat(200));
+        let shallow = format!("{{\"id\":1,\"x\":{}{}}}", "[".repeat(100), "]".repeat(100));
+        let cases: [&[u8]; 7] = [
+            b"{\"id\":1,\"x\":\"\xff\"}",
+            b"{\"id\":1,\"\xff\":2}",
+            br#"{"id":1,"x":"\ud800"}"#,
+            br#"{"id":1,"x":"\udc00\ud800"}"#,
+            br#"{"id":1,"x":1e400}"#,
+            deep.as_bytes(),
+            shallow.as_bytes(),
+        ];
+        for doc in cases {
+            let full = serde_json::from_slice::<Value>(doc).map(|v| v.pointer("/id").cloned());
+            let ours = pointer("/id").find(doc);
+            assert_eq!(
+                ours.is_ok(),
+                full.is_ok(),
+                "{}: {ours:?} vs {full:?}",
+                String::from_utf8_lossy(doc)
+            );
+            assert_eq!(validate(doc).is_ok(), full.is_ok(), "{}", String::from_utf8_lossy(doc));
+        }
+        assert!(validate(shallow.as_bytes()).is_ok(), "100 levels are fine");
     }
 
     #[test]

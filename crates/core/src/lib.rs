@@ -29,7 +29,7 @@ pub use idempotent::{
     DeadLetter, Fenced, FencedSink, FencedSinkFactory, HeldRecords, IdempotentSink, IdempotentSinkFactory, ReplaySafe,
     WriteAhead, WriteOutcome,
 };
-pub use json::{InvalidPointer, JsonPointer};
+pub use json::{validate as validate_json, InvalidPointer, JsonPointer};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use pipeline::{route, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
