@@ -73,11 +73,17 @@ pub struct KafkaSourceConfig {
     pub commit_offsets_to_group: bool,
     /// How often the topic's metadata is read to find new partitions (which are
     /// read from their beginning). Written like `"10s"`, `"500ms"`.
-    #[serde(default = "default_discovery", deserialize_with = "de_duration")]
+    #[serde(
+        default = "default_discovery",
+        deserialize_with = "exactly_core::duration::deserialize"
+    )]
     pub partition_discovery_interval: Duration,
     /// How long `restore` waits for the brokers before it reports them
     /// unreachable (a transient error, so the runtime retries).
-    #[serde(default = "default_startup_timeout", deserialize_with = "de_duration")]
+    #[serde(
+        default = "default_startup_timeout",
+        deserialize_with = "exactly_core::duration::deserialize"
+    )]
     pub startup_timeout: Duration,
     /// Bounded run: finish once every partition owned at start is read up to the
     /// end it had when the run started (backfills, tests, benchmarks). The
@@ -203,15 +209,6 @@ impl<'de> Deserialize<'de> for StartPosition {
 
         d.deserialize_any(StartVisitor)
     }
-}
-
-pub(crate) fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| {
-        de::Error::custom(format!(
-            "`{text}` is not a duration ({e}); write e.g. \"10s\" or \"500ms\""
-        ))
-    })
 }
 
 /// A librdkafka setting value: librdkafka wants strings, TOML users write numbers too.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use crate::config::{check_bootstrap, check_properties, check_topic, de_duration, de_properties, invalid};
+use crate::config::{check_bootstrap, check_properties, check_topic, de_properties, invalid};
 use crate::KafkaConfigError;
 
 /// Default of `transaction_timeout`.
@@ -86,7 +86,10 @@ pub struct KafkaSinkConfig {
     /// outlive its checkpoint *and* a crash with restart, or its records are
     /// lost (reported, never silent). Must not exceed the broker's
     /// `transaction.max.timeout.ms` (checked at start).
-    #[serde(default = "default_transaction_timeout", deserialize_with = "de_duration")]
+    #[serde(
+        default = "default_transaction_timeout",
+        deserialize_with = "exactly_core::duration::deserialize"
+    )]
     pub transaction_timeout: Duration,
     /// Transactional producers (and ids) per sink subtask. One writes the
     /// current interval, one holds the transaction committed last (its id is
@@ -104,7 +107,10 @@ pub struct KafkaSinkConfig {
     /// How long a crashed pipeline may take to be running again (restart
     /// delay, supervisor, recovery). Only used to warn when
     /// `transaction_timeout` leaves too little room.
-    #[serde(default = "default_expected_restart_time", deserialize_with = "de_duration")]
+    #[serde(
+        default = "default_expected_restart_time",
+        deserialize_with = "exactly_core::duration::deserialize"
+    )]
     pub expected_restart_time: Duration,
     /// Warn when a pre-committed transaction has waited this share of
     /// `transaction_timeout` (between 0 and 1, default 0.5).

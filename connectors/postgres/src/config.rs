@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use exactly_core::{ConnectorError, JsonPointer};
 use serde::de::{MapAccess, Visitor};
@@ -12,6 +13,8 @@ use crate::sql::QualifiedName;
 
 /// Default name of the commit-log table (mode `two-phase`).
 pub const DEFAULT_COMMIT_LOG_TABLE: &str = "exactly_commit_log";
+/// Default of `commit_log_retention`.
+pub const DEFAULT_COMMIT_LOG_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default name of the positions table (mode `fenced`).
 pub const DEFAULT_POSITIONS_TABLE: &str = "exactly_positions";
 /// Suffix of the default dead-letter table name (`<table>_dead_letters`).
@@ -71,6 +74,15 @@ pub struct PostgresSinkConfig {
     /// pipelines.
     #[serde(default)]
     pub commit_log_table: Option<String>,
+    /// Mode `two-phase` only: how long a subtask's commit markers are kept
+    /// (written like `"7days"`, `"12h"`). Default 7 days. A marker only
+    /// matters when a checkpoint's transaction is committed again after a
+    /// restore and is gone: present means it was committed. Markers older than
+    /// this are deleted after commits (at most every 10 minutes), so the table
+    /// stays bounded; restoring a checkpoint older than this whose
+    /// transactions are gone reports data loss instead of "already committed".
+    #[serde(default, deserialize_with = "de_some_duration")]
+    pub commit_log_retention: Option<Duration>,
     /// Mode `two-phase` with `upsert_key` only: the table that holds a
     /// checkpoint's rows between pre-commit and commit. Default
     /// `<table>_exactly_staging` (in the target table's schema). Created when
@@ -95,6 +107,7 @@ impl fmt::Debug for PostgresSinkConfig {
             .field("upsert_key", &self.upsert_key)
             .field("dead_letter_table", &self.dead_letter_table)
             .field("commit_log_table", &self.commit_log_table)
+            .field("commit_log_retention", &self.commit_log_retention)
             .field("staging_table", &self.staging_table)
             .field("positions_table", &self.positions_table)
             .finish()
@@ -396,6 +409,8 @@ pub(crate) struct Settings {
     pub dead_letters: QualifiedName,
     /// Mode `two-phase`.
     pub commit_log: QualifiedName,
+    /// Mode `two-phase`: markers older than this are deleted.
+    pub commit_log_retention: Duration,
     /// Mode `two-phase` with an upsert key.
     pub staging: QualifiedName,
     /// Mode `fenced`.
@@ -414,6 +429,7 @@ impl PostgresSinkConfig {
             upsert_key: None,
             dead_letter_table: None,
             commit_log_table: None,
+            commit_log_retention: None,
             staging_table: None,
             positions_table: None,
         }
@@ -506,9 +522,22 @@ impl PostgresSinkConfig {
             mode: self.mode,
             dead_letters,
             commit_log,
+            commit_log_retention: self.checked_retention()?,
             staging,
             positions,
         })
+    }
+
+    fn checked_retention(&self) -> Result<Duration, ConnectorError> {
+        let retention = self.commit_log_retention.unwrap_or(DEFAULT_COMMIT_LOG_RETENTION);
+        if retention < Duration::from_secs(1) {
+            return Err(invalid(
+                "commit_log_retention",
+                format!("{retention:?} is too short: markers must outlive the commits that may look for them"),
+                "use at least \"1s\"; the default is \"7days\"",
+            ));
+        }
+        Ok(retention)
     }
 
     /// Keys that only some modes use, and the key mode `upsert` needs.
@@ -524,6 +553,11 @@ impl PostgresSinkConfig {
         }
         let only_in = [
             ("commit_log_table", self.commit_log_table.is_some(), SinkMode::TwoPhase),
+            (
+                "commit_log_retention",
+                self.commit_log_retention.is_some(),
+                SinkMode::TwoPhase,
+            ),
             // Mode two-phase ignores it without an upsert key, as it always did.
             (
                 "staging_table",
@@ -663,6 +697,10 @@ impl PostgresSinkConfig {
         }
         identity
     }
+}
+
+fn de_some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    exactly_core::duration::deserialize(d).map(Some)
 }
 
 #[cfg(test)]
@@ -810,6 +848,23 @@ raw = { from = "value", type = "bytea" }
     }
 
     #[test]
+    fn commit_log_retention_defaults_to_a_week_and_must_be_a_duration_of_a_second_or_more() {
+        let settings = |extra: &str| with(extra).settings();
+        assert_eq!(settings("").unwrap().commit_log_retention, DEFAULT_COMMIT_LOG_RETENTION);
+        assert_eq!(
+            settings("commit_log_retention = \"12h\"").unwrap().commit_log_retention,
+            Duration::from_secs(12 * 3600)
+        );
+        let message = fatal_message(with("commit_log_retention = \"0s\"").validate());
+        assert!(
+            message.contains("sink.postgres.commit_log_retention") && message.contains("at least"),
+            "{message}"
+        );
+        let error = parse(&BASE.replace("table = ", "commit_log_retention = \"often\"\ntable = ")).unwrap_err();
+        assert!(error.contains("`often` is not a duration"), "{error}");
+    }
+
+    #[test]
     fn modes_parse_and_their_identity_names_mode_and_state_tables() {
         for (extra, mode, identity_end, positions) in [
             (
@@ -852,6 +907,10 @@ raw = { from = "value", type = "bytea" }
         );
         for (extra, key) in [
             ("mode = \"fenced\"\ncommit_log_table = \"log\"", "commit_log_table"),
+            (
+                "mode = \"fenced\"\ncommit_log_retention = \"1h\"",
+                "commit_log_retention",
+            ),
             (
                 "mode = \"upsert\"\nupsert_key = [\"id\"]\nstaging_table = \"s\"",
                 "staging_table",

@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use exactly_core::{CheckpointId, ConnectorError, Record, SinkContext, TwoPhaseCommitSink};
@@ -47,7 +48,13 @@ pub struct PostgresSink {
     copy: Option<OpenCopy>,
     /// Bytes of record values and keys streamed into `copy` so far.
     copy_bytes: usize,
+    /// When this sink last deleted its old commit markers.
+    last_prune: Option<Instant>,
 }
+
+/// How often a sink deletes its commit markers older than
+/// `commit_log_retention` (or every retention, when that is shorter).
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 /// How much record data (values and keys) one COPY of rows takes before it
 /// is finished and the next write starts another. Finishing waits until
@@ -116,6 +123,7 @@ impl PostgresSink {
             open: false,
             copy: None,
             copy_bytes: 0,
+            last_prune: None,
         }
     }
 
@@ -349,10 +357,53 @@ impl PostgresSink {
             message: format!(
                 "prepared transaction '{}' (checkpoint {}) does not exist on {url} and its marker is not in {log}: \
                  it was rolled back outside the pipeline (ROLLBACK PREPARED, a restored backup, or a different \
-                 database in sink.postgres.url); its records were not written",
+                 database in sink.postgres.url), and its records were not written; or the checkpoint being \
+                 committed is older than sink.postgres.commit_log_retention, whose markers are deleted, and it was \
+                 committed long ago",
                 c.gid, c.checkpoint
             ),
         })
+    }
+}
+
+impl PostgresSink {
+    /// Deletes this subtask's commit markers older than
+    /// `commit_log_retention`, at most every [`PRUNE_EVERY`]. Best effort: a
+    /// failure is logged and tried again at a later commit.
+    async fn prune_markers(&mut self) {
+        let retention = self.settings().commit_log_retention;
+        if self
+            .last_prune
+            .is_some_and(|at| at.elapsed() < retention.min(PRUNE_EVERY))
+        {
+            return;
+        }
+        self.last_prune = Some(Instant::now());
+        let sql = format!(
+            "DELETE FROM {} WHERE pipeline = $1 AND sink_table = $2 AND subtask = $3 \
+             AND prepared_at < now() - make_interval(secs => $4)",
+            self.settings().commit_log.sql()
+        );
+        let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
+        let pruned = self
+            .committer()
+            .execute(
+                &sql,
+                &[
+                    &self.subtask.context.pipeline,
+                    &self.subtask.settings.table_label,
+                    &subtask,
+                    &retention.as_secs_f64(),
+                ],
+            )
+            .await;
+        match pruned {
+            Ok(0) => {}
+            Ok(deleted) => tracing::debug!(deleted, "deleted commit markers older than commit_log_retention"),
+            Err(error) => {
+                tracing::warn!(%error, "deleting old commit markers failed; trying again after a later commit")
+            }
+        }
     }
 }
 
@@ -553,7 +604,9 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// connections are transient errors.
     async fn commit(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
         self.commit_prepared(c).await?;
-        self.merge(&c.gid).await
+        self.merge(&c.gid).await?;
+        self.prune_markers().await;
+        Ok(())
     }
 
     /// `ROLLBACK` of the open transaction. A lost connection is success: the

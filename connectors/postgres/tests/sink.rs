@@ -738,3 +738,40 @@ async fn a_short_statement_timeout_does_not_cancel_the_open_copy() {
     sink.commit(&c).await.unwrap();
     assert_eq!(f.count().await, 4);
 }
+
+/// Commit markers older than `commit_log_retention` are deleted after a
+/// commit, only the subtask's own; a transaction committed again after that
+/// finds no marker and reports data loss, as documented.
+#[tokio::test]
+async fn old_commit_markers_are_pruned_after_commits_and_only_the_subtasks_own() {
+    let f = Fixture::new("prune", &format!("commit_log_retention = \"1s\"\n{ID_NAME}")).await;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let (mut other, _) = f.recovered(1, &[]).await;
+    let old = prepare(&mut sink, 1, &[people(0, 0, 1)]).await;
+    sink.commit(&old).await.unwrap();
+    let others = prepare(&mut other, 1, &[people(1, 0, 1)]).await;
+    other.commit(&others).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let new = prepare(&mut sink, 2, &[people(0, 1, 1)]).await;
+    sink.commit(&new).await.unwrap();
+
+    let gids = [old.gid.clone(), new.gid.clone(), others.gid.clone()];
+    let kept: Vec<String> =
+        f.db.query(
+            "SELECT gid FROM exactly_commit_log WHERE gid = ANY($1) ORDER BY gid",
+            &[&gids.to_vec()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut expected = vec![new.gid.clone(), others.gid.clone()];
+    expected.sort();
+    assert_eq!(kept, expected, "only subtask 0's marker older than 1 s is gone");
+    assert_eq!(f.count().await, 3, "pruning touches markers, not rows");
+    match sink.commit(&old).await {
+        Err(ConnectorError::DataLoss { checkpoint, .. }) => assert_eq!(checkpoint, CheckpointId(1)),
+        other => panic!("expected data loss for a pruned marker, got {other:?}"),
+    }
+}

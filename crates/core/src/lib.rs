@@ -9,6 +9,7 @@
 //! - [`Pipeline`]: runs it all, with barriers, alignment, recovery and restarts.
 
 pub mod coordinator;
+pub mod duration;
 pub mod error;
 pub mod fault;
 pub mod idempotent;
