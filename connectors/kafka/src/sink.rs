@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use exactly_core::{
-    erase, CheckpointId, ConnectorError, ErasedSink, Record, SinkContext, SinkFactory, TwoPhaseCommitSink,
+    erase, CheckpointId, ConnectorError, ErasedSink, JsonPointer, Record, SinkContext, SinkFactory, TwoPhaseCommitSink,
 };
 use exactly_kafka_wire::{EndTxnOutcome, WireClient, WireConfig, WireError};
 use rdkafka::config::ClientConfig;
@@ -360,13 +360,13 @@ pub(crate) fn classify_end_txn(result: &Result<EndTxnOutcome, WireError>) -> End
     }
 }
 
-/// What `pointer` points at in `json`: a string's text, `None` for null,
-/// the JSON text of anything else.
-fn pointed<'r>(json: &serde_json::Value, pointer: &str) -> Result<Part<'r>, String> {
-    match json.pointer(pointer) {
+/// What `pointer` found (`answer`): a string's text, `None` for null, the
+/// JSON text of anything else.
+fn pointed<'r>(answer: Option<serde_json::Value>, pointer: &JsonPointer) -> Result<Part<'r>, String> {
+    match answer {
         None => Err(format!("the value has nothing at {pointer}")),
         Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(s)) => Ok(Some(Cow::Owned(s.clone().into_bytes()))),
+        Some(serde_json::Value::String(s)) => Ok(Some(Cow::Owned(s.into_bytes()))),
         Some(other) => Ok(Some(Cow::Owned(other.to_string().into_bytes()))),
     }
 }
@@ -381,26 +381,32 @@ pub(crate) fn message_parts<'r>(
     key: &KeyFrom,
     value: &ValueFrom,
 ) -> Result<(Part<'r>, Part<'r>), String> {
-    let needs_json = matches!(key, KeyFrom::Pointer(_)) || matches!(value, ValueFrom::Pointer(_));
-    let json = if needs_json {
-        Some(
-            serde_json::from_slice::<serde_json::Value>(&record.value)
-                .map_err(|e| format!("the value is not JSON ({e}), so JSON pointers cannot be used"))?,
-        )
-    } else {
-        None
+    // Both pointers are answered in one pass over the value.
+    let key_pointer = match key {
+        KeyFrom::Pointer(p) => Some(p),
+        _ => None,
     };
+    let value_pointer = match value {
+        ValueFrom::Pointer(p) => Some(p),
+        ValueFrom::Value => None,
+    };
+    let pointers: Vec<&JsonPointer> = key_pointer.into_iter().chain(value_pointer).collect();
+    let mut answers = if pointers.is_empty() {
+        Vec::new()
+    } else {
+        JsonPointer::find_all(&pointers, &record.value)
+            .map_err(|e| format!("the value is not JSON ({e}), so JSON pointers cannot be used"))?
+    }
+    .into_iter();
     let key_bytes = match key {
         KeyFrom::Key => record.key.as_deref().map(Cow::Borrowed),
         KeyFrom::Value => Some(Cow::Borrowed(record.value.as_slice())),
         KeyFrom::None => None,
-        KeyFrom::Pointer(p) => pointed(json.as_ref().expect("parsed above"), p).map_err(|e| format!("`key`: {e}"))?,
+        KeyFrom::Pointer(p) => pointed(answers.next().flatten(), p).map_err(|e| format!("`key`: {e}"))?,
     };
     let value_bytes = match value {
         ValueFrom::Value => Some(Cow::Borrowed(record.value.as_slice())),
-        ValueFrom::Pointer(p) => {
-            pointed(json.as_ref().expect("parsed above"), p).map_err(|e| format!("`value`: {e}"))?
-        }
+        ValueFrom::Pointer(p) => pointed(answers.next().flatten(), p).map_err(|e| format!("`value`: {e}"))?,
     };
     Ok((key_bytes, value_bytes))
 }
@@ -1124,7 +1130,12 @@ mod tests {
         let e = parts("key", "/missing").unwrap_err();
         assert!(e.contains("`value`"), "{e}");
         let plain = Record::new("in-0", 8, "not json");
-        let e = message_parts(&plain, &KeyFrom::Pointer("/id".into()), &ValueFrom::Value).unwrap_err();
+        let e = message_parts(
+            &plain,
+            &KeyFrom::Pointer(JsonPointer::parse("/id").unwrap()),
+            &ValueFrom::Value,
+        )
+        .unwrap_err();
         assert!(e.contains("not JSON"), "{e}");
         assert!(
             message_parts(&plain, &KeyFrom::Key, &ValueFrom::Value).is_ok(),

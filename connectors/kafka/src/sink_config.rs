@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use exactly_core::JsonPointer;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
@@ -153,7 +154,7 @@ pub enum KeyFrom {
     None,
     /// The value is JSON; the key is what this JSON pointer (`/customer/id`)
     /// points at: a string's text, or the JSON of anything else.
-    Pointer(String),
+    Pointer(JsonPointer),
 }
 
 /// Where a message's value comes from.
@@ -165,7 +166,7 @@ pub enum ValueFrom {
     /// The value is JSON; the message's value is what this JSON pointer
     /// points at: a string's text, `null` as no value (a tombstone), or the
     /// JSON of anything else.
-    Pointer(String),
+    Pointer(JsonPointer),
 }
 
 const KEY_EXPECTED: &str = "\"key\", \"value\", \"none\" or a JSON pointer into the value like \"/id\"";
@@ -178,7 +179,9 @@ impl KeyFrom {
             "key" => Ok(KeyFrom::Key),
             "value" => Ok(KeyFrom::Value),
             "none" => Ok(KeyFrom::None),
-            pointer if pointer.starts_with('/') => Ok(KeyFrom::Pointer(pointer.to_string())),
+            pointer if pointer.starts_with('/') => JsonPointer::parse(pointer)
+                .map(KeyFrom::Pointer)
+                .map_err(|e| format!("`key`: {e}")),
             other => Err(format!(
                 "`key` = \"{other}\" is not a key source; expected {KEY_EXPECTED}"
             )),
@@ -191,7 +194,9 @@ impl ValueFrom {
     pub fn parse(text: &str) -> Result<ValueFrom, String> {
         match text {
             "value" => Ok(ValueFrom::Value),
-            pointer if pointer.starts_with('/') => Ok(ValueFrom::Pointer(pointer.to_string())),
+            pointer if pointer.starts_with('/') => JsonPointer::parse(pointer)
+                .map(ValueFrom::Pointer)
+                .map_err(|e| format!("`value`: {e}")),
             other => Err(format!(
                 "`value` = \"{other}\" is not a value source; expected {VALUE_EXPECTED}"
             )),
@@ -205,7 +210,7 @@ impl fmt::Display for KeyFrom {
             KeyFrom::Key => f.write_str("key"),
             KeyFrom::Value => f.write_str("value"),
             KeyFrom::None => f.write_str("none"),
-            KeyFrom::Pointer(p) => f.write_str(p),
+            KeyFrom::Pointer(p) => f.write_str(p.as_str()),
         }
     }
 }
@@ -214,7 +219,7 @@ impl fmt::Display for ValueFrom {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ValueFrom::Value => f.write_str("value"),
-            ValueFrom::Pointer(p) => f.write_str(p),
+            ValueFrom::Pointer(p) => f.write_str(p.as_str()),
         }
     }
 }
@@ -421,8 +426,8 @@ timeout_warning_share = 0.8
 "#,
         )
         .unwrap();
-        assert_eq!(c.key, KeyFrom::Pointer("/customer/id".into()));
-        assert_eq!(c.value, ValueFrom::Pointer("/payload".into()));
+        assert_eq!(c.key, KeyFrom::Pointer(JsonPointer::parse("/customer/id").unwrap()));
+        assert_eq!(c.value, ValueFrom::Pointer(JsonPointer::parse("/payload").unwrap()));
         assert_eq!(c.prefix_for("p"), "copy");
         assert_eq!(c.transaction_timeout, Duration::from_secs(120));
         assert_eq!(c.pool_size, 7);
@@ -474,6 +479,18 @@ timeout_warning_share = 0.8
         c.bootstrap = "b:1".into();
         c.topic = "a/b".into();
         assert!(c.validate().unwrap_err().to_string().contains("`topic`"));
+    }
+
+    #[test]
+    fn malformed_pointers_are_refused_when_parsed() {
+        let e = KeyFrom::parse("/a~x").unwrap_err();
+        assert!(e.contains("`key`") && e.contains("`~` must be followed"), "{e}");
+        let e = ValueFrom::parse("/p~").unwrap_err();
+        assert!(e.contains("`value`") && e.contains("`~` must be followed"), "{e}");
+        assert_eq!(
+            KeyFrom::parse("/a~1b").unwrap(),
+            KeyFrom::Pointer(JsonPointer::parse("/a~1b").unwrap())
+        );
     }
 
     #[test]

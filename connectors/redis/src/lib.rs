@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exactly_core::{
-    ConnectorError, DeadLetter, Fenced, FencedSink, FencedSinkFactory, IdempotentSink, IdempotentSinkFactory, Record,
-    ReplaySafe, SinkContext, SinkFactory, WriteAhead, WriteOutcome,
+    ConnectorError, DeadLetter, Fenced, FencedSink, FencedSinkFactory, IdempotentSink, IdempotentSinkFactory,
+    JsonPointer, Record, ReplaySafe, SinkContext, SinkFactory, WriteAhead, WriteOutcome,
 };
 use redis::aio::MultiplexedConnection;
 use serde::Deserialize;
@@ -106,7 +106,7 @@ pub enum Extract {
     /// The offset.
     Offset,
     /// A JSON pointer into the value parsed as JSON.
-    Pointer(String),
+    Pointer(JsonPointer),
     /// A constant.
     Literal(String),
 }
@@ -119,7 +119,7 @@ impl Extract {
             "value" => Extract::Value,
             "split" => Extract::Split,
             "offset" => Extract::Offset,
-            s if s.starts_with('/') => Extract::Pointer(s.to_string()),
+            s if s.starts_with('/') => Extract::Pointer(JsonPointer::parse(s).map_err(|e| e.to_string())?),
             s if s.starts_with('=') => Extract::Literal(s[1..].to_string()),
             other => {
                 return Err(format!(
@@ -130,28 +130,19 @@ impl Extract {
     }
 
     /// The extracted bytes, or why there are none.
-    pub fn apply(
-        &self,
-        record: &Record,
-        json: &mut Option<Result<serde_json::Value, String>>,
-    ) -> Result<Vec<u8>, String> {
+    pub fn apply(&self, record: &Record) -> Result<Vec<u8>, String> {
         match self {
             Extract::Key => record.key.clone().ok_or_else(|| "the record has no key".to_string()),
             Extract::Value => Ok(record.value.clone()),
             Extract::Split => Ok(record.split.clone().into_bytes()),
             Extract::Offset => Ok(record.offset.to_string().into_bytes()),
             Extract::Literal(l) => Ok(l.clone().into_bytes()),
-            Extract::Pointer(p) => {
-                let parsed = json.get_or_insert_with(|| {
-                    serde_json::from_slice(&record.value).map_err(|e| format!("the value is not JSON: {e}"))
-                });
-                let doc = parsed.as_ref().map_err(Clone::clone)?;
-                match doc.pointer(p) {
-                    None | Some(serde_json::Value::Null) => Err(format!("field {p} is missing")),
-                    Some(serde_json::Value::String(s)) => Ok(s.clone().into_bytes()),
-                    Some(v) => Ok(v.to_string().into_bytes()),
-                }
-            }
+            Extract::Pointer(p) => match p.find(&record.value) {
+                Err(e) => Err(format!("the value is not JSON: {e}")),
+                Ok(None | Some(serde_json::Value::Null)) => Err(format!("field {p} is missing")),
+                Ok(Some(serde_json::Value::String(s))) => Ok(s.into_bytes()),
+                Ok(Some(v)) => Ok(v.to_string().into_bytes()),
+            },
         }
     }
 }
@@ -175,14 +166,13 @@ struct Plan {
 
 impl Plan {
     fn op(&self, record: &Record) -> Result<Op, String> {
-        let mut json = None;
         let mut key = self.key_prefix.clone().into_bytes();
-        key.extend(self.key.apply(record, &mut json).map_err(|e| format!("no key: {e}"))?);
+        key.extend(self.key.apply(record).map_err(|e| format!("no key: {e}"))?);
         let field = match &self.field {
-            Some(f) => Some(f.apply(record, &mut json).map_err(|e| format!("no hash field: {e}"))?),
+            Some(f) => Some(f.apply(record).map_err(|e| format!("no hash field: {e}"))?),
             None => None,
         };
-        let value = self.value.apply(record, &mut json);
+        let value = self.value.apply(record);
         let value = if self.command.is_increment() {
             let text = value.map_err(|e| format!("no increment: {e}"))?;
             let text = String::from_utf8_lossy(&text);
@@ -601,6 +591,8 @@ mod tests {
         assert!(e.contains("`field`"), "{e}");
         let e = config("set", "value = \"id\"").unwrap_err();
         assert!(e.contains("`value`") && e.contains("JSON pointer"), "{e}");
+        let e = config("set", "value = \"/a~2\"").unwrap_err();
+        assert!(e.contains("`value`") && e.contains("`~` must be followed"), "{e}");
     }
 
     #[test]
