@@ -355,7 +355,6 @@ impl Container {
     /// `docker run` on `self.port` under `self.name`, then waits until
     /// ready; removes the container again if that fails.
     fn create(&mut self) -> Result<()> {
-        let started = Instant::now();
         let mut args = strings(&["run", "-d", "--name", &self.name, "--label", LABEL, "--label"]);
         args.push(format!("exactly.testkit.pid={}", std::process::id()));
         args.push("-p".into());
@@ -365,11 +364,18 @@ impl Container {
         args.extend(self.spec.command.iter().cloned());
         // Even a failed `docker run` may leave a created container behind.
         self.created = true;
-        let result = self
-            .docker(&args, RUN_TIMEOUT)
-            .and_then(|_| self.follow_logs(false))
-            .and_then(|()| self.wait_ready(started));
+        // The readiness limit counts from the container's start, not from
+        // before `docker run`, which may spend minutes pulling the image.
+        let result = self.docker(&args, RUN_TIMEOUT).and_then(|_| {
+            let started = Instant::now();
+            self.follow_logs(false)?;
+            self.wait_ready(started)
+        });
         if let Err(err) = result {
+            if err.to_string().contains("is already in use by container") {
+                // Someone else's container has this name: not ours to remove.
+                self.created = false;
+            }
             self.remove();
             return Err(err);
         }
@@ -532,11 +538,15 @@ impl Drop for Container {
     }
 }
 
-/// `exactly-testkit-<slug>-<pid>-<n>`, unique within this process.
+/// `exactly-testkit-<slug>-<pid>-<n>-<random>`: unique within this process,
+/// and the random part keeps processes with the same pid (CI jobs in
+/// containers sharing one engine) from picking the same name.
 fn next_name(slug: &str) -> String {
+    use std::hash::BuildHasher;
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("exactly-testkit-{slug}-{}-{n}", std::process::id())
+    let random = std::collections::hash_map::RandomState::new().hash_one(n) as u32;
+    format!("exactly-testkit-{slug}-{}-{n}-{random:08x}", std::process::id())
 }
 
 /// A service the testkit manages: from local programs (`L`) or a container.
@@ -778,7 +788,8 @@ mod tests {
     /// A stand-in for the `docker` CLI that keeps container state as files
     /// in `state` and records every call in `state/calls`. Toggles: the file
     /// `fail_run_once` makes the next `run` fail like a taken port;
-    /// `exit_on_run` makes containers exit right after `run`.
+    /// `exit_on_run` makes containers exit right after `run`; `name_taken`
+    /// makes every `run` fail because another container has the name.
     fn fake_engine(state: &Path) -> Engine {
         let script = r#"
 S='STATE'
@@ -788,6 +799,9 @@ case "$cmd" in
 run)
     name=; prev=
     for a in "$@"; do [ "$prev" = "--name" ] && name=$a; prev=$a; done
+    if [ -f "$S/name_taken" ]; then
+        echo "docker: Error response from daemon: Conflict. The container name \"/$name\" is already in use by container \"0123\"." >&2; exit 125
+    fi
     if [ -f "$S/fail_run_once" ]; then
         rm "$S/fail_run_once"; touch "$S/$name.created"
         echo "Bind for 127.0.0.1:1 failed: port is already allocated" >&2; exit 125
@@ -934,6 +948,23 @@ esac
             "the failed container is removed: {calls:?}"
         );
         assert!(container.name() != first_name);
+    }
+
+    #[test]
+    fn a_name_taken_by_another_container_is_an_error_that_removes_nothing() {
+        let state = tempfile::tempdir().unwrap();
+        let engine = fake_engine(state.path());
+        std::fs::write(state.path().join("name_taken"), "").unwrap();
+        let err = match Container::start(&engine, fake_spec(state.path().join("log"), false)) {
+            Ok(_) => panic!("a taken name must not count as started"),
+            Err(err) => err.to_string(),
+        };
+        assert!(err.contains("already in use"), "{err}");
+        let calls = calls(state.path());
+        assert!(
+            calls.iter().all(|c| !c.starts_with("rm ")),
+            "the other container is left alone: {calls:?}"
+        );
     }
 
     #[test]

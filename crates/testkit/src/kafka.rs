@@ -251,8 +251,12 @@ impl KafkaBroker {
         let options = move |port: u16| -> Vec<String> {
             let mut options = Vec::new();
             if let Some(data) = &mount {
-                options.push("-v".into());
-                options.push(format!("{}:{CONTAINER_LOG_DIRS}", data.display()));
+                // `--mount` (not `-v`) so a `:` in the path is no separator.
+                options.push("--mount".into());
+                options.push(format!(
+                    "type=bind,source={},target={CONTAINER_LOG_DIRS}",
+                    data.display()
+                ));
                 options.extend(strings(&["--entrypoint", "/bin/sh"]));
             }
             for (name, value) in kafka_env(port) {
@@ -330,6 +334,11 @@ fn kafka_env(port: u16) -> Vec<(&'static str, String)> {
         ("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1".into()),
         ("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1".into()),
         ("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0".into()),
+        // One partition per internal topic: creating the default 50 on the
+        // first transaction or group request takes seconds on a small machine.
+        ("KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS", "1".into()),
+        ("KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "1".into()),
+        ("KAFKA_HEAP_OPTS", "-Xmx512m -Xms512m".into()),
     ]
 }
 
