@@ -17,6 +17,7 @@ pub struct Metrics {
     commit_latency_max_us: AtomicU64,
     restarts: AtomicU64,
     dead_letters: AtomicU64,
+    slow_persists: AtomicU64,
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -44,6 +45,9 @@ pub struct MetricsSnapshot {
     pub restarts: u64,
     /// Records a sink could not write and sent to its dead-letter destination.
     pub dead_letters: u64,
+    /// Checkpoint writes still running after a checkpoint timeout (each
+    /// counted once; they are waited for, never abandoned).
+    pub slow_persists: u64,
 }
 
 impl Metrics {
@@ -65,6 +69,9 @@ impl Metrics {
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.commit_latency_total_us.fetch_add(latency_us, Ordering::Relaxed);
         self.commit_latency_max_us.fetch_max(latency_us, Ordering::Relaxed);
+    }
+    pub(crate) fn slow_persist(&self) {
+        self.slow_persists.fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn restarted(&self) {
         self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -92,6 +99,7 @@ impl Metrics {
             commit_latency_max_us: self.commit_latency_max_us.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
+            slow_persists: self.slow_persists.load(Ordering::Relaxed),
         }
     }
 }

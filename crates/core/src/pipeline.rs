@@ -437,12 +437,35 @@ impl Pipeline {
         let mut final_completed = false;
         let mut committed_upto = vec![restored_id.unwrap_or_default(); p];
         let mut triggered_at: Option<(CheckpointId, Instant)> = None;
+        // The checkpoint being written, since when, and when that was last
+        // reported: a write is never abandoned (if it landed later it could
+        // list transactions this attempt rolled back), so a slow one is
+        // reported every checkpoint timeout instead.
+        let mut writing: Option<(CheckpointId, Instant, Instant)> = None;
         let mut last_completed = restored_id;
         let mut made_progress = false;
 
         loop {
             let events: Vec<Event> = tokio::select! {
-                _ = ticker.tick() => vec![Event::Tick { now_ms: now_ms() }],
+                _ = ticker.tick() => {
+                    if let Some((checkpoint, since, reported)) = writing.as_mut() {
+                        let timeout = self.config.checkpoint.timeout;
+                        if reported.elapsed() >= timeout {
+                            if *reported == *since {
+                                self.metrics.slow_persist();
+                            }
+                            *reported = Instant::now();
+                            warn!(
+                                %checkpoint,
+                                waited_s = since.elapsed().as_secs(),
+                                store = %self.store.location(),
+                                "checkpoint still being written after the checkpoint timeout: nothing commits until the \
+                                 write finishes; check the checkpoint store's disk or mount"
+                            );
+                        }
+                    }
+                    vec![Event::Tick { now_ms: now_ms() }]
+                }
                 Some(Err(joined)) = tasks.join_next() => {
                     error!(error = %joined, "a subtask panicked");
                     return Err(self.connector_failure(
@@ -467,8 +490,12 @@ impl Pipeline {
                         committed_upto[i] = committed_upto[i].max(id);
                         vec![]
                     }
-                    Report::Persisted(checkpoint, Ok(())) => vec![Event::Persisted { checkpoint, now_ms: now_ms() }],
+                    Report::Persisted(checkpoint, Ok(())) => {
+                        writing = None;
+                        vec![Event::Persisted { checkpoint, now_ms: now_ms() }]
+                    }
                     Report::Persisted(checkpoint, Err(e)) => {
+                        writing = None;
                         if let StoreError::FingerprintMismatch { .. } | StoreError::Encode { .. } = e {
                             return Err(self.store_failure(e));
                         }
@@ -521,6 +548,8 @@ impl Pipeline {
                                 let _ = tx.send(Report::Persisted(id, result));
                             });
                             *self.persisting.lock().unwrap_or_else(|e| e.into_inner()) = Some(write);
+                            let now = Instant::now();
+                            writing = Some((id, now, now));
                         }
                         Action::Complete { checkpoint } => {
                             let duration = triggered_at
