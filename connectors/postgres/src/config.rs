@@ -75,12 +75,16 @@ pub struct PostgresSinkConfig {
     #[serde(default)]
     pub commit_log_table: Option<String>,
     /// Mode `two-phase` only: how long a subtask's commit markers are kept
-    /// (written like `"7days"`, `"12h"`). Default 7 days. A marker only
-    /// matters when a checkpoint's transaction is committed again after a
-    /// restore and is gone: present means it was committed. Markers older than
-    /// this are deleted after commits (at most every 10 minutes), so the table
-    /// stays bounded; restoring a checkpoint older than this whose
-    /// transactions are gone reports data loss instead of "already committed".
+    /// after their transaction was committed (written like `"7days"`,
+    /// `"12h"`). Default 7 days. A marker only matters when a checkpoint's
+    /// transaction is committed again after a restore and is gone: present
+    /// means it was committed. After the commits of a completed checkpoint
+    /// (at most every 10 minutes, never during recovery) markers committed
+    /// longer ago than this are deleted, so the table stays bounded. Restoring
+    /// the latest checkpoint is always safe (recovery re-commits and renews its
+    /// markers before anything is deleted); restoring by hand an older
+    /// checkpoint whose transactions were committed longer ago than this
+    /// reports data loss instead of "already committed".
     #[serde(default, deserialize_with = "de_some_duration")]
     pub commit_log_retention: Option<Duration>,
     /// Mode `two-phase` with `upsert_key` only: the table that holds a

@@ -335,20 +335,33 @@ impl PostgresSink {
             .batch_execute(&format!("COMMIT PREPARED {}", quote_literal(&c.gid)))
             .await;
         let error = match committed {
-            Ok(()) => {
-                tracing::debug!(gid = %c.gid, checkpoint = %c.checkpoint, "committed prepared transaction");
-                return Ok(());
-            }
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => e,
+            Ok(()) => None,
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => Some(e),
             Err(e) => return Err(self.pg_error("COMMIT PREPARED", &e)),
         };
-        tracing::debug!(gid = %c.gid, %error, "not prepared; looking for its commit marker");
+        if let Some(error) = &error {
+            tracing::debug!(gid = %c.gid, %error, "not prepared; looking for its commit marker");
+        }
+        // The marker's commit time, which retention counts from (each commit
+        // of the same gid renews it); no marker after a gid-not-found means
+        // the transaction is gone.
         let marker = client
-            .query_opt(&format!("SELECT 1 FROM {} WHERE gid = $1", log.sql()), &[&c.gid])
+            .query_opt(
+                &format!(
+                    "UPDATE {} SET committed_at = now() WHERE gid = $1 RETURNING 1",
+                    log.sql()
+                ),
+                &[&c.gid],
+            )
             .await
-            .map_err(|e| self.pg_error("looking up a commit marker", &e))?;
-        if marker.is_some() {
-            tracing::debug!(gid = %c.gid, "already committed");
+            .map_err(|e| self.pg_error("stamping the commit marker", &e))?;
+        if error.is_none() || marker.is_some() {
+            let how = if error.is_none() {
+                "committed prepared transaction"
+            } else {
+                "already committed"
+            };
+            tracing::debug!(gid = %c.gid, checkpoint = %c.checkpoint, "{how}");
             return Ok(());
         }
         Err(ConnectorError::DataLoss {
@@ -367,9 +380,19 @@ impl PostgresSink {
 }
 
 impl PostgresSink {
-    /// Deletes this subtask's commit markers older than
-    /// `commit_log_retention`, at most every [`PRUNE_EVERY`]. Best effort: a
-    /// failure is logged and tried again at a later commit.
+    /// `COMMIT PREPARED` (see [`commit_prepared`](Self::commit_prepared)),
+    /// then the merge of staged rows in upsert mode.
+    async fn commit_and_merge(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
+        self.commit_prepared(c).await?;
+        self.merge(&c.gid).await
+    }
+
+    /// Deletes this subtask's commit markers committed longer than
+    /// `commit_log_retention` ago, at most every [`PRUNE_EVERY`]. Only after
+    /// the commits of a completed checkpoint, never during recovery (whose
+    /// later re-commits may still need old markers). Rows another transaction
+    /// holds are skipped. Best effort: a failure is logged and tried again at
+    /// a later commit.
     async fn prune_markers(&mut self) {
         let retention = self.settings().commit_log_retention;
         if self
@@ -379,10 +402,11 @@ impl PostgresSink {
             return;
         }
         self.last_prune = Some(Instant::now());
+        let log = self.settings().commit_log.sql();
         let sql = format!(
-            "DELETE FROM {} WHERE pipeline = $1 AND sink_table = $2 AND subtask = $3 \
-             AND prepared_at < now() - make_interval(secs => $4)",
-            self.settings().commit_log.sql()
+            "DELETE FROM {log} WHERE gid IN (SELECT gid FROM {log} WHERE pipeline = $1 AND sink_table = $2 \
+             AND subtask = $3 AND coalesce(committed_at, prepared_at) < now() - make_interval(secs => $4) \
+             FOR UPDATE SKIP LOCKED)"
         );
         let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
         let pruned = self
@@ -459,7 +483,7 @@ impl TwoPhaseCommitSink for PostgresSink {
         }
         for c in pending {
             tracing::info!(gid = %c.gid, checkpoint = %c.checkpoint, "committing a transaction the checkpoint lists");
-            self.commit(c).await?;
+            self.commit_and_merge(c).await?;
         }
         self.merge_leftovers().await?;
         self.connect_writer().await
@@ -603,8 +627,7 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// upsert mode the staged rows are then merged into the table. Lost
     /// connections are transient errors.
     async fn commit(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
-        self.commit_prepared(c).await?;
-        self.merge(&c.gid).await?;
+        self.commit_and_merge(c).await?;
         self.prune_markers().await;
         Ok(())
     }

@@ -775,3 +775,60 @@ async fn old_commit_markers_are_pruned_after_commits_and_only_the_subtasks_own()
         other => panic!("expected data loss for a pruned marker, got {other:?}"),
     }
 }
+
+/// Retention counts from a marker's commit, not its prepare: a transaction
+/// prepared longer ago than the retention and committed just now keeps its
+/// marker, so re-committing it after a crash is still "already committed".
+#[tokio::test]
+async fn a_late_commit_keeps_its_marker_for_the_retention_after_the_commit() {
+    let f = Fixture::new("late", &format!("commit_log_retention = \"1s\"\n{ID_NAME}")).await;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let c = prepare(&mut sink, 1, &[people(0, 0, 2)]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sink.commit(&c).await.unwrap();
+    // A crash before the next checkpoint: a new sink re-commits the same one.
+    let (mut again, _) = new_sink(&f.config, &f.pipeline, 0);
+    again.recover(std::slice::from_ref(&c)).await.unwrap();
+    assert_eq!(f.count().await, 2);
+}
+
+/// Recovery re-commits a checkpoint's whole list and never prunes in
+/// between: after a downtime longer than the retention, the markers of
+/// every listed transaction are still there.
+#[tokio::test]
+async fn recovery_after_a_long_downtime_finds_every_marker_it_needs() {
+    let f = Fixture::new("downtime", &format!("commit_log_retention = \"1s\"\n{ID_NAME}")).await;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let first = prepare(&mut sink, 1, &[people(0, 0, 1)]).await;
+    let second = prepare(&mut sink, 2, &[people(0, 1, 1)]).await;
+    sink.commit(&first).await.unwrap();
+    sink.commit(&second).await.unwrap();
+    drop(sink);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (mut restarted, _) = new_sink(&f.config, &f.pipeline, 0);
+    restarted.recover(&[first, second]).await.unwrap();
+    assert_eq!(f.count().await, 2);
+}
+
+/// A commit log created before `committed_at` existed gets the column at
+/// start, and commits stamp it.
+#[tokio::test]
+async fn an_older_commit_log_gets_committed_at_added() {
+    let log = unique("old_log");
+    let f = Fixture::new("oldlog", &format!("commit_log_table = \"{log}\"\n{ID_NAME}")).await;
+    f.db.batch_execute(&format!(
+        "CREATE TABLE \"{log}\" (gid text PRIMARY KEY, pipeline text NOT NULL, sink_table text NOT NULL, \
+         subtask integer NOT NULL, checkpoint bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
+    ))
+    .await
+    .unwrap();
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let c = prepare(&mut sink, 1, &[people(0, 0, 1)]).await;
+    sink.commit(&c).await.unwrap();
+    let stamped: Vec<bool> = column(
+        &f.db,
+        &format!("SELECT committed_at IS NOT NULL FROM \"{log}\" WHERE gid = '{}'", c.gid),
+    )
+    .await;
+    assert_eq!(stamped, [true]);
+}

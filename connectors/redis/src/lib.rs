@@ -95,7 +95,7 @@ pub struct RedisSinkConfig {
 }
 
 /// A way to take a string from a record.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Extract {
     /// The record key (UTF-8).
     Key,
@@ -109,6 +109,21 @@ pub enum Extract {
     Pointer(JsonPointer),
     /// A constant.
     Literal(String),
+}
+
+/// Written as the configuration names it (`Pointer("/amount")`): the text is
+/// part of the sink's identity, so checkpoints and fences carry over.
+impl std::fmt::Debug for Extract {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Extract::Key => f.write_str("Key"),
+            Extract::Value => f.write_str("Value"),
+            Extract::Split => f.write_str("Split"),
+            Extract::Offset => f.write_str("Offset"),
+            Extract::Pointer(p) => f.debug_tuple("Pointer").field(&p.as_str()).finish(),
+            Extract::Literal(l) => f.debug_tuple("Literal").field(l).finish(),
+        }
+    }
 }
 
 impl Extract {
@@ -593,6 +608,19 @@ mod tests {
         assert!(e.contains("`value`") && e.contains("JSON pointer"), "{e}");
         let e = config("set", "value = \"/a~2\"").unwrap_err();
         assert!(e.contains("`value`") && e.contains("`~` must be followed"), "{e}");
+    }
+
+    /// The identity names the sink's checkpoints and its fence scope: it must
+    /// not change between versions for the same configuration.
+    #[test]
+    fn the_identity_text_is_stable() {
+        let f = config("incrby", "increment = \"/amount\"").unwrap();
+        assert_eq!(
+            f.describe(),
+            "redis:url=redis://127.0.0.1:1/,command=Incrby,key=/id,field=None,value=Pointer(\"/amount\")"
+        );
+        let f = config("set", "value = \"=x\"").unwrap();
+        assert!(f.describe().ends_with("value=Literal(\"x\")"), "{}", f.describe());
     }
 
     #[test]
