@@ -86,9 +86,38 @@ pub fn crash_then_finish(config: &Path, points: &[&str]) {
     run_to_completion(config);
 }
 
+/// An `exactly run` in the background. Its stdout and stderr are drained by
+/// threads as it runs: a child that logs more than a pipe holds would
+/// otherwise block on its next log line.
+pub struct Background {
+    child: std::process::Child,
+    stdout: std::thread::JoinHandle<Vec<u8>>,
+    stderr: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Background {
+    /// The process id (to signal it).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+fn drain(mut pipe: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
 /// Runs `exactly run` in the background.
-pub fn spawn(config: &Path) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_exactly"))
+pub fn spawn(config: &Path) -> Background {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exactly"))
         .arg("run")
         .arg(config)
         .env("RUST_LOG", "info")
@@ -96,30 +125,32 @@ pub fn spawn(config: &Path) -> std::process::Child {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("starting the exactly binary")
+        .expect("starting the exactly binary");
+    let stdout = drain(child.stdout.take().expect("piped"));
+    let stderr = drain(child.stderr.take().expect("piped"));
+    Background { child, stdout, stderr }
 }
 
-/// Waits for a background run (at most `timeout`) and returns its status, stdout, stderr.
-pub fn wait(mut child: std::process::Child, timeout: std::time::Duration) -> (ExitStatus, String, String) {
+/// Waits for a background run (at most `timeout`, then kills it and panics
+/// with its log) and returns its status, stdout, stderr.
+pub fn wait(mut run: Background, timeout: std::time::Duration) -> (ExitStatus, String, String) {
     let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let Some(_status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            return (
-                out.status,
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            );
+    let status = loop {
+        if let Some(status) = run.child.try_wait().unwrap() {
+            break Some(status);
         }
         if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "the pipeline did not finish within {timeout:?}:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let _ = run.child.kill();
+            let _ = run.child.wait();
+            break None;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let text = |h: std::thread::JoinHandle<Vec<u8>>| String::from_utf8_lossy(&h.join().unwrap()).into_owned();
+    let (stdout, stderr) = (text(run.stdout), text(run.stderr));
+    match status {
+        Some(status) => (status, stdout, stderr),
+        None => panic!("the pipeline did not finish within {timeout:?}:\n{stderr}"),
     }
 }
 
