@@ -116,6 +116,9 @@ fn create_table_sql(table: &str) -> String {
     )
 }
 
+/// Record data per COPY in the minimal loop: the PostgreSQL sink's segment.
+const LOOP_COPY_SEGMENT_BYTES: usize = 512 * 1024;
+
 const COPY_TYPES: [Type; 5] = [Type::INT4, Type::INT8, Type::INT8, Type::TIMESTAMPTZ, Type::JSONB];
 
 fn copy_sql(table: &str) -> String {
@@ -1865,19 +1868,52 @@ mod baseline {
                 Ok(records)
             }));
             let statement = copy_sql(&args.table);
+            // Rows stream into one COPY (autocommit) like the sink's: it ends
+            // after LOOP_COPY_SEGMENT_BYTES, or as soon as no batch is
+            // waiting, so rows become visible without delay.
             writers.push(rt.spawn(async move {
                 let mut rows = 0;
-                while let Some(batch) = rx.recv().await {
-                    let sink = client.copy_in(&statement).await?;
-                    let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &COPY_TYPES));
+                let mut open: Option<std::pin::Pin<Box<BinaryCopyInWriter>>> = None;
+                let mut bytes = 0;
+                loop {
+                    let batch = match rx.try_recv() {
+                        Ok(batch) => batch,
+                        Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                            if let Some(mut writer) = open.take() {
+                                rows += writer.as_mut().finish().await?;
+                                bytes = 0;
+                            }
+                            match rx.recv().await {
+                                Some(batch) => batch,
+                                None => break,
+                            }
+                        }
+                        Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => break,
+                    };
+                    let writer = match &mut open {
+                        Some(writer) => writer,
+                        None => open.insert(Box::pin(BinaryCopyInWriter::new(
+                            client.copy_in(&statement).await?,
+                            &COPY_TYPES,
+                        ))),
+                    };
                     for r in &batch {
                         let payload = RawJsonb(&r.payload);
                         writer
                             .as_mut()
                             .write(&[&r.part, &r.off, &r.id, &r.ts, &payload])
                             .await?;
+                        bytes += r.payload.len();
                     }
-                    rows += writer.finish().await?;
+                    if bytes >= LOOP_COPY_SEGMENT_BYTES {
+                        if let Some(mut writer) = open.take() {
+                            rows += writer.as_mut().finish().await?;
+                        }
+                        bytes = 0;
+                    }
+                }
+                if let Some(mut writer) = open.take() {
+                    rows += writer.as_mut().finish().await?;
                 }
                 anyhow::Ok(rows)
             }));
