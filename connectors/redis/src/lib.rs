@@ -146,17 +146,29 @@ impl Extract {
 
     /// The extracted bytes, or why there are none.
     pub fn apply(&self, record: &Record) -> Result<Vec<u8>, String> {
+        let answer = match self {
+            Extract::Pointer(p) => Some(
+                p.find(&record.value)
+                    .map_err(|e| format!("the value is not JSON: {e}"))?,
+            ),
+            _ => None,
+        };
+        self.apply_found(record, answer)
+    }
+
+    /// Like [`apply`](Self::apply), with a pointer's answer already found
+    /// (`Some`; ignored for the other kinds).
+    fn apply_found(&self, record: &Record, answer: Option<Option<serde_json::Value>>) -> Result<Vec<u8>, String> {
         match self {
             Extract::Key => record.key.clone().ok_or_else(|| "the record has no key".to_string()),
             Extract::Value => Ok(record.value.clone()),
             Extract::Split => Ok(record.split.clone().into_bytes()),
             Extract::Offset => Ok(record.offset.to_string().into_bytes()),
             Extract::Literal(l) => Ok(l.clone().into_bytes()),
-            Extract::Pointer(p) => match p.find(&record.value) {
-                Err(e) => Err(format!("the value is not JSON: {e}")),
-                Ok(None | Some(serde_json::Value::Null)) => Err(format!("field {p} is missing")),
-                Ok(Some(serde_json::Value::String(s))) => Ok(s.into_bytes()),
-                Ok(Some(v)) => Ok(v.to_string().into_bytes()),
+            Extract::Pointer(p) => match answer.flatten() {
+                None | Some(serde_json::Value::Null) => Err(format!("field {p} is missing")),
+                Some(serde_json::Value::String(s)) => Ok(s.into_bytes()),
+                Some(v) => Ok(v.to_string().into_bytes()),
             },
         }
     }
@@ -181,13 +193,46 @@ struct Plan {
 
 impl Plan {
     fn op(&self, record: &Record) -> Result<Op, String> {
+        // Every pointer among key, field and value is answered in one pass.
+        let parts = [Some(&self.key), self.field.as_ref(), Some(&self.value)];
+        let pointers: Vec<&JsonPointer> = parts
+            .iter()
+            .flatten()
+            .filter_map(|e| match e {
+                Extract::Pointer(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        let mut answers = if pointers.is_empty() {
+            Vec::new()
+        } else {
+            let found = JsonPointer::find_all(&pointers, &record.value);
+            // Named after the first part that needed the JSON, as each part's
+            // own error would be.
+            let what = match parts.iter().position(|p| matches!(p, Some(Extract::Pointer(_)))) {
+                Some(0) => "no key",
+                Some(1) => "no hash field",
+                _ if self.command.is_increment() => "no increment",
+                _ => "no value",
+            };
+            found.map_err(|e| format!("{what}: the value is not JSON: {e}"))?
+        }
+        .into_iter();
+        let mut answer_for = |e: &Extract| matches!(e, Extract::Pointer(_)).then(|| answers.next().flatten());
         let mut key = self.key_prefix.clone().into_bytes();
-        key.extend(self.key.apply(record).map_err(|e| format!("no key: {e}"))?);
+        key.extend(
+            self.key
+                .apply_found(record, answer_for(&self.key))
+                .map_err(|e| format!("no key: {e}"))?,
+        );
         let field = match &self.field {
-            Some(f) => Some(f.apply(record).map_err(|e| format!("no hash field: {e}"))?),
+            Some(f) => Some(
+                f.apply_found(record, answer_for(f))
+                    .map_err(|e| format!("no hash field: {e}"))?,
+            ),
             None => None,
         };
-        let value = self.value.apply(record);
+        let value = self.value.apply_found(record, answer_for(&self.value));
         let value = if self.command.is_increment() {
             let text = value.map_err(|e| format!("no increment: {e}"))?;
             let text = String::from_utf8_lossy(&text);
@@ -644,5 +689,32 @@ mod tests {
             .op(&Record::new("s-0", 4, r#"{"id": 1, "kind": "a", "n": "x"}"#))
             .unwrap_err();
         assert!(e.contains("not an integer"), "{e}");
+        assert_eq!(e.matches("not JSON").count(), 0);
+        let e = f.plan.op(&Record::new("s-0", 3, "not json")).unwrap_err();
+        assert!(e.starts_with("no key: the value is not JSON"), "{e}");
+    }
+
+    /// Every pointer of a record is answered from one pass; a value that is
+    /// not JSON is named after the first part that needed it.
+    #[test]
+    fn a_non_json_value_is_named_after_the_first_part_that_needed_it() {
+        let plan = |text: &str| {
+            let c: RedisSinkConfig = toml::from_str(&format!("url = \"redis://127.0.0.1:1/\"\n{text}")).unwrap();
+            RedisSinkFactory::new(c).unwrap().plan
+        };
+        let bad = Record::new("s-0", 1, "not json");
+        let set = plan("command = \"set\"\nkey = \"=k\"\nvalue = \"/v\"");
+        let e = set.op(&bad).unwrap_err();
+        assert!(e.starts_with("no value: the value is not JSON"), "{e}");
+        let incr = plan("command = \"hincrby\"\nkey = \"=k\"\nfield = \"split\"\nincrement = \"/n\"");
+        let e = incr.op(&bad).unwrap_err();
+        assert!(e.starts_with("no increment: the value is not JSON"), "{e}");
+        let by_field = plan("command = \"hset\"\nkey = \"=k\"\nfield = \"/f\"\nvalue = \"/v\"");
+        let e = by_field.op(&bad).unwrap_err();
+        assert!(e.starts_with("no hash field: the value is not JSON"), "{e}");
+        let ok = by_field
+            .op(&Record::new("s-0", 2, r#"{"f": "a", "v": {"x": 1}}"#))
+            .unwrap();
+        assert_eq!((ok.field, ok.value), (Some(b"a".to_vec()), br#"{"x":1}"#.to_vec()));
     }
 }
