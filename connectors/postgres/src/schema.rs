@@ -465,7 +465,8 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
                 log = existing(client, url, &settings.commit_log, "").await?;
             }
             log.require_columns(&COMMIT_LOG_COLUMNS, &table_fix("commit_log_table"))?;
-            log.require_privileges(&["INSERT", "SELECT", "UPDATE"])?;
+            // DELETE: old markers are pruned (`commit_log_retention`).
+            log.require_privileges(&["INSERT", "SELECT", "UPDATE", "DELETE"])?;
         }
         SinkMode::Fenced => check_positions(client, settings, &table_fix("positions_table")).await?,
         SinkMode::Upsert => {}

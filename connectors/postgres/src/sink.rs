@@ -1,17 +1,16 @@
 //! The sink subtask: one PostgreSQL transaction per checkpoint.
 
 use std::collections::HashSet;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use exactly_core::{CheckpointId, ConnectorError, Record, SinkContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
-use std::pin::Pin;
-use tokio_postgres::error::SqlState;
-
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::config::{Settings, SinkMode};
@@ -20,7 +19,7 @@ use crate::error::classify;
 use crate::gid::{checkpoint_of, gid, gid_prefix};
 use crate::schema::{prepare_tables, Layout};
 use crate::sql::quote_literal;
-use crate::write::{connect, convert, copy_in, Subtask};
+use crate::write::{connect, convert, copy_in, write_copy_rows, Subtask};
 
 /// How long a write waits for a row or table lock before the checkpoint
 /// fails (instead of waiting forever behind a lock the sink itself must
@@ -289,15 +288,7 @@ impl PostgresSink {
             self.copy = Some(Box::pin(BinaryCopyInWriter::new(sink, &layout.row_types)));
         }
         let copy = self.copy.as_mut().expect("started above");
-        let mut result = Ok(());
-        for row in rows {
-            let values: Vec<&(dyn ToSql + Sync)> = row.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-            result = copy.as_mut().write(&values).await;
-            if result.is_err() {
-                break;
-            }
-        }
-        result.map_err(|e| {
+        write_copy_rows(copy.as_mut(), rows).await.map_err(|e| {
             self.drop_copy();
             self.pg_error("COPY of rows", &e)
         })
@@ -377,9 +368,7 @@ impl PostgresSink {
             ),
         })
     }
-}
 
-impl PostgresSink {
     /// `COMMIT PREPARED` (see [`commit_prepared`](Self::commit_prepared)),
     /// then the merge of staged rows in upsert mode.
     async fn commit_and_merge(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {

@@ -61,11 +61,20 @@ pub(crate) async fn copy_in(
     let sink = client.copy_in(sql).await?;
     let writer = BinaryCopyInWriter::new(sink, types);
     let mut writer = std::pin::pin!(writer);
+    write_copy_rows(writer.as_mut(), rows).await?;
+    writer.finish().await
+}
+
+/// Writes rows into a COPY in progress.
+pub(crate) async fn write_copy_rows(
+    mut writer: std::pin::Pin<&mut BinaryCopyInWriter>,
+    rows: &[Vec<Cell>],
+) -> Result<(), tokio_postgres::Error> {
     for row in rows {
         let values: Vec<&(dyn ToSql + Sync)> = row.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
         writer.as_mut().write(&values).await?;
     }
-    writer.finish().await
+    Ok(())
 }
 
 /// Runs `statement` with the rows sent as one array per column (`$1` is the

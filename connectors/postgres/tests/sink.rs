@@ -624,9 +624,9 @@ async fn missing_privileges_are_fatal_errors_naming_the_grant() {
         .await
         .unwrap();
     let message = fatal_message(recover().await);
-    assert!(message.contains("GRANT INSERT, SELECT, UPDATE ON"), "{message}");
+    assert!(message.contains("GRANT INSERT, SELECT, UPDATE, DELETE ON"), "{message}");
     f.db.batch_execute(&format!(
-        "GRANT INSERT, SELECT, UPDATE ON \"{}\" TO \"{role}\"; GRANT INSERT ON \"{}_dead_letters\" TO \"{role}\"",
+        "GRANT INSERT, SELECT, UPDATE, DELETE ON \"{}\" TO \"{role}\"; GRANT INSERT ON \"{}_dead_letters\" TO \"{role}\"",
         config.commit_log_table.as_deref().unwrap(),
         f.table
     ))

@@ -144,21 +144,10 @@ impl Extract {
         })
     }
 
-    /// The extracted bytes, or why there are none.
-    pub fn apply(&self, record: &Record) -> Result<Vec<u8>, String> {
-        let answer = match self {
-            Extract::Pointer(p) => Some(
-                p.find(&record.value)
-                    .map_err(|e| format!("the value is not JSON: {e}"))?,
-            ),
-            _ => None,
-        };
-        self.apply_found(record, answer)
-    }
-
-    /// Like [`apply`](Self::apply), with a pointer's answer already found
-    /// (`Some`; ignored for the other kinds).
-    fn apply_found(&self, record: &Record, answer: Option<Option<serde_json::Value>>) -> Result<Vec<u8>, String> {
+    /// The extracted bytes, or why there are none; `answer` is what a
+    /// pointer found in the value (see [`Plan::op`], which reads every
+    /// pointer of a record in one pass; ignored for the other kinds).
+    fn apply(&self, record: &Record, answer: Option<Option<serde_json::Value>>) -> Result<Vec<u8>, String> {
         match self {
             Extract::Key => record.key.clone().ok_or_else(|| "the record has no key".to_string()),
             Extract::Value => Ok(record.value.clone()),
@@ -222,17 +211,17 @@ impl Plan {
         let mut key = self.key_prefix.clone().into_bytes();
         key.extend(
             self.key
-                .apply_found(record, answer_for(&self.key))
+                .apply(record, answer_for(&self.key))
                 .map_err(|e| format!("no key: {e}"))?,
         );
         let field = match &self.field {
             Some(f) => Some(
-                f.apply_found(record, answer_for(f))
+                f.apply(record, answer_for(f))
                     .map_err(|e| format!("no hash field: {e}"))?,
             ),
             None => None,
         };
-        let value = self.value.apply_found(record, answer_for(&self.value));
+        let value = self.value.apply(record, answer_for(&self.value));
         let value = if self.command.is_increment() {
             let text = value.map_err(|e| format!("no increment: {e}"))?;
             let text = String::from_utf8_lossy(&text);
@@ -689,7 +678,6 @@ mod tests {
             .op(&Record::new("s-0", 4, r#"{"id": 1, "kind": "a", "n": "x"}"#))
             .unwrap_err();
         assert!(e.contains("not an integer"), "{e}");
-        assert_eq!(e.matches("not JSON").count(), 0);
         let e = f.plan.op(&Record::new("s-0", 3, "not json")).unwrap_err();
         assert!(e.starts_with("no key: the value is not JSON"), "{e}");
     }

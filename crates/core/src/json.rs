@@ -127,14 +127,6 @@ impl fmt::Display for JsonPointer {
     }
 }
 
-impl std::str::FromStr for JsonPointer {
-    type Err = InvalidPointer;
-
-    fn from_str(s: &str) -> Result<Self, InvalidPointer> {
-        JsonPointer::parse(s)
-    }
-}
-
 /// A pointer still being followed: where its answer goes and the tokens
 /// left below the current node.
 #[derive(Clone, Copy)]

@@ -181,7 +181,36 @@ pub fn route(split: &str, parallelism: usize) -> usize {
     (stable_hash(split) % parallelism as u64) as usize
 }
 
+/// A checkpoint write in progress. It is never abandoned (landing later, it
+/// could list transactions this attempt rolled back), so one that outlasts the
+/// checkpoint timeout is reported instead, every timeout.
+struct CheckpointWrite {
+    checkpoint: CheckpointId,
+    started: Instant,
+    last_report: Option<Instant>,
+}
+
 impl Pipeline {
+    /// Counts (once) and logs (every checkpoint timeout) a write that has
+    /// run longer than the checkpoint timeout.
+    fn report_if_slow(&self, write: &mut CheckpointWrite) {
+        let timeout = self.config.checkpoint.timeout;
+        if write.last_report.unwrap_or(write.started).elapsed() < timeout {
+            return;
+        }
+        if write.last_report.is_none() {
+            self.metrics.slow_persist();
+        }
+        write.last_report = Some(Instant::now());
+        warn!(
+            checkpoint = %write.checkpoint,
+            waited_s = write.started.elapsed().as_secs(),
+            store = %self.store.location(),
+            "checkpoint still being written after the checkpoint timeout: nothing commits until the write \
+             finishes; check the checkpoint store's disk or mount"
+        );
+    }
+
     /// A pipeline; fails when the settings are invalid.
     pub fn new(
         config: PipelineConfig,
@@ -437,32 +466,15 @@ impl Pipeline {
         let mut final_completed = false;
         let mut committed_upto = vec![restored_id.unwrap_or_default(); p];
         let mut triggered_at: Option<(CheckpointId, Instant)> = None;
-        // The checkpoint being written, since when, and when that was last
-        // reported: a write is never abandoned (if it landed later it could
-        // list transactions this attempt rolled back), so a slow one is
-        // reported every checkpoint timeout instead.
-        let mut writing: Option<(CheckpointId, Instant, Instant)> = None;
+        let mut writing: Option<CheckpointWrite> = None;
         let mut last_completed = restored_id;
         let mut made_progress = false;
 
         loop {
             let events: Vec<Event> = tokio::select! {
                 _ = ticker.tick() => {
-                    if let Some((checkpoint, since, reported)) = writing.as_mut() {
-                        let timeout = self.config.checkpoint.timeout;
-                        if reported.elapsed() >= timeout {
-                            if *reported == *since {
-                                self.metrics.slow_persist();
-                            }
-                            *reported = Instant::now();
-                            warn!(
-                                %checkpoint,
-                                waited_s = since.elapsed().as_secs(),
-                                store = %self.store.location(),
-                                "checkpoint still being written after the checkpoint timeout: nothing commits until the \
-                                 write finishes; check the checkpoint store's disk or mount"
-                            );
-                        }
+                    if let Some(write) = writing.as_mut() {
+                        self.report_if_slow(write);
                     }
                     vec![Event::Tick { now_ms: now_ms() }]
                 }
@@ -548,8 +560,11 @@ impl Pipeline {
                                 let _ = tx.send(Report::Persisted(id, result));
                             });
                             *self.persisting.lock().unwrap_or_else(|e| e.into_inner()) = Some(write);
-                            let now = Instant::now();
-                            writing = Some((id, now, now));
+                            writing = Some(CheckpointWrite {
+                                checkpoint: id,
+                                started: Instant::now(),
+                                last_report: None,
+                            });
                         }
                         Action::Complete { checkpoint } => {
                             let duration = triggered_at
