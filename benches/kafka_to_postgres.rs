@@ -103,9 +103,11 @@ fn partition_of(id: u64) -> i32 {
     (id % PARTITIONS as u64) as i32
 }
 
-/// How many of the first `records` ids go to partition `p`.
+/// How many of the first `records` ids go to partition `p` (see
+/// [`partition_of`]).
 fn records_in_partition(records: u64, p: i32) -> i64 {
-    (0..records).filter(|id| partition_of(*id) == p).count() as i64
+    let partitions = PARTITIONS as u64;
+    ((records + partitions - 1 - p as u64) / partitions) as i64
 }
 
 /// The target table: one row per record, primary key (partition, offset).
@@ -440,6 +442,13 @@ fn bench() -> Result<()> {
     // SQLite caches): read it once, unmeasured, so no run pays for that.
     eprintln!("[bench] warm-up: reading the topic once");
     let warmup = spawn_baseline(&ctx, Kind::RawConsume, "warm-up", TOPIC, "unused", false)?.finish(RUN_TIMEOUT)?;
+    if !warmup.success() {
+        bail!(
+            "the warm-up read of the topic ended with {}; last log lines:\n{}",
+            warmup.describe_status(),
+            warmup.log.log_tail
+        );
+    }
     eprintln!("[bench] warm-up read took {:.1?}", warmup.wall);
     let mut results: Vec<(Kind, Outcome)> = Vec::new();
     for kind in ctx.settings.kinds.clone() {
@@ -671,11 +680,13 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
     }
     if kind.is_pipeline() {
         // The run's final metrics (one JSON line on stdout).
-        let metrics = finished
+        let Some(metrics) = finished
             .stdout
             .lines()
             .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .unwrap_or_default();
+        else {
+            bail!("the run printed no metrics line, so its failed checkpoints and dead letters are unknown");
+        };
         for key in ["checkpoints_failed", "dead_letters"] {
             let v = metrics.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0);
             if v > 0 {

@@ -262,14 +262,10 @@ fn sigkill_during_recovery() {
 fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
     let setup = setup("negative");
     let dir = tempfile::tempdir().unwrap();
-    let (config, output) = setup.pipeline(
-        dir.path(),
-        "negative",
-        "exactly-once",
-        "test_only_abort_pending_on_recover = true",
-    );
+    let (config, output) = setup.pipeline(dir.path(), "negative", "exactly-once", "");
     run_killed_at(&config, "coordinator.after_persist:3");
-    let (status, log) = run(&config, None, &[]);
+    let env = [(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV, "1")];
+    let (status, log) = run_with_env(&config, None, &[], &env);
     assert!(status.success(), "{log}");
     assert!(log.contains("TEST ONLY"), "the knob announces itself:\n{log}");
     let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

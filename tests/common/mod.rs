@@ -53,9 +53,22 @@ delay_per_poll = "5ms"
 }
 
 pub fn run(config: &Path, crash_at: Option<&str>, extra: &[&str]) -> (ExitStatus, String) {
+    run_with_env(config, crash_at, extra, &[])
+}
+
+/// [`run`] with extra environment variables (e.g. the negative controls of
+/// `exactly_core::fault`).
+pub fn run_with_env(
+    config: &Path,
+    crash_at: Option<&str>,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (ExitStatus, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
     cmd.arg("run").arg(config).args(extra).env("RUST_LOG", "info");
-    cmd.env_remove("EXACTLY_CRASH_AT");
+    cmd.env_remove("EXACTLY_CRASH_AT")
+        .env_remove(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV)
+        .envs(env.iter().copied());
     if let Some(point) = crash_at {
         cmd.env("EXACTLY_CRASH_AT", point);
     }

@@ -778,13 +778,15 @@ impl TwoPhaseCommitSink for KafkaSink {
 
         let mut listed = BTreeSet::new();
         for c in pending {
-            if self.config().test_only_abort_pending_on_recover {
+            if exactly_core::fault::abort_pending_on_recover() {
+                add(&self.settings.metrics.lost_transactions, 1);
                 tracing::error!(
                     sink = %self.settings.label,
                     transactional_id = %c.transactional_id,
                     checkpoint = %c.checkpoint,
-                    "TEST ONLY (test_only_abort_pending_on_recover): aborting a transaction the checkpoint \
-                     lists instead of committing it; its records are lost"
+                    "TEST ONLY ({}=1): aborting a transaction the checkpoint lists instead of committing it; \
+                     its records are lost",
+                    exactly_core::fault::ABORT_PENDING_ON_RECOVER_ENV
                 );
                 continue;
             }

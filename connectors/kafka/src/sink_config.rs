@@ -117,11 +117,6 @@ pub struct KafkaSinkConfig {
     /// `transaction_timeout` (between 0 and 1, default 0.5).
     #[serde(default = "default_timeout_warning_share")]
     pub timeout_warning_share: f64,
-    /// TEST ONLY — never set it for real data. Makes `recover` abort the
-    /// transactions the checkpoint lists instead of committing them, so a
-    /// test can show that its exactly-once check catches the loss.
-    #[serde(default)]
-    pub test_only_abort_pending_on_recover: bool,
     /// Extra librdkafka producer settings (`"compression.type" = "lz4"`);
     /// strings, numbers and booleans are accepted. Settings the sink owns are
     /// rejected by [`validate`](Self::validate).
@@ -263,7 +258,6 @@ impl KafkaSinkConfig {
             on_lost_transaction: OnLostTransaction::default(),
             expected_restart_time: DEFAULT_EXPECTED_RESTART_TIME,
             timeout_warning_share: DEFAULT_TIMEOUT_WARNING_SHARE,
-            test_only_abort_pending_on_recover: false,
             properties: BTreeMap::new(),
         }
     }
@@ -405,7 +399,6 @@ mod tests {
         assert_eq!(c.pool_size, 5);
         assert_eq!(c.on_lost_transaction, OnLostTransaction::Fail);
         assert_eq!(c.prefix_for("p"), "exactly-p");
-        assert!(!c.test_only_abort_pending_on_recover);
     }
 
     #[test]

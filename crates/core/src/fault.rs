@@ -47,6 +47,18 @@ fn plan() -> Option<&'static Plan> {
     .as_ref()
 }
 
+/// Environment variable of the negative controls: when it is `1`, sinks
+/// that support it abort on recovery the transactions a checkpoint lists
+/// instead of committing them, so a test can show that its exactly-once check
+/// catches the loss. Like `EXACTLY_CRASH_AT`, it lives in the environment of
+/// a test run and never in a pipeline file.
+pub const ABORT_PENDING_ON_RECOVER_ENV: &str = "EXACTLY_TEST_ABORT_PENDING_ON_RECOVER";
+
+/// Whether [`ABORT_PENDING_ON_RECOVER_ENV`] is set to `1`.
+pub fn abort_pending_on_recover() -> bool {
+    std::env::var(ABORT_PENDING_ON_RECOVER_ENV).is_ok_and(|v| v == "1")
+}
+
 /// Marks a crash point. Kills the process with SIGKILL when `EXACTLY_CRASH_AT`
 /// selects this point and hit.
 pub fn point(name: &str) {
