@@ -507,7 +507,9 @@ impl Container {
     fn restart(&mut self) -> Result<()> {
         self.stop()?;
         if self.spec.fresh_on_restart {
-            self.remove();
+            // A container that could not be removed would hold the name and
+            // port of the new one: say so instead of failing the start later.
+            self.try_remove()?;
             return self.create();
         }
         let started = Instant::now();
@@ -518,17 +520,30 @@ impl Container {
         Ok(())
     }
 
-    /// `docker rm -f -v`: removes the container and its anonymous volumes.
+    /// `docker rm -f -v`: removes the container and its anonymous volumes;
+    /// a failure is logged (for drop and failed starts, which have an error
+    /// of their own to report).
     fn remove(&mut self) {
+        if let Err(err) = self.try_remove() {
+            tracing::warn!(%err, "could not remove the container");
+        }
+    }
+
+    /// [`remove`](Self::remove), returning the failure.
+    fn try_remove(&mut self) -> Result<()> {
         self.stop_following();
         if !std::mem::take(&mut self.created) {
-            return;
+            return Ok(());
         }
-        match self.docker(&strings(&["rm", "-f", "-v", &self.name]), COMMAND_TIMEOUT) {
-            Ok(_) => tracing::info!(service = self.spec.service, container = %self.name, "container removed"),
-            Err(err) => tracing::warn!(%err, "could not remove the container"),
+        let removed = self.docker(&strings(&["rm", "-f", "-v", &self.name]), COMMAND_TIMEOUT);
+        if removed.is_err() {
+            // Still there: drop may try again.
+            self.created = true;
         }
+        removed?;
+        tracing::info!(service = self.spec.service, container = %self.name, "container removed");
         process::wait_port_closed(self.port);
+        Ok(())
     }
 }
 

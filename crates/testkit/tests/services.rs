@@ -218,7 +218,11 @@ fn kafka_persistent_broker_keeps_topics_across_restart() {
     assert_eq!(create_topic(port, "testkit-kept"), 0);
     assert_eq!(wait_topic(port, "testkit-kept"), 0);
     let data: PathBuf = match broker.backend() {
-        Backend::Container => dir.path().join(exactly_testkit::kafka::CONTAINER_DATA_DIR),
+        // The kit creates the folder itself; Kafka's own file proves the mount.
+        Backend::Container => dir
+            .path()
+            .join(exactly_testkit::kafka::CONTAINER_DATA_DIR)
+            .join("meta.properties"),
         _ => dir.path().join(exactly_testkit::kafka::PERSISTENT_DB_FILE),
     };
     assert!(data.exists(), "no broker data at {data:?}");
