@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Installs the real services exactly's tests start through exactly-testkit:
-# PostgreSQL (initdb/pg_ctl/postgres), redis-server and the Nisshi broker.
-# Idempotent: installs only what is missing. Safe to run on every CI run.
-# Without PostgreSQL or Nisshi, the testkit uses Docker containers instead
-# when an engine answers (see EXACTLY_TESTKIT_DOCKER in crates/testkit).
+# Installs the real services exactly's tests and demo start through
+# exactly-testkit: PostgreSQL (initdb/pg_ctl/postgres) and redis-server from
+# Debian's packages, and Apache Kafka's broker jars from Maven Central.
+#
+# Idempotent: installs only what is missing, and takes a second when
+# everything is there. Safe to run on every CI run.
+#
+# The Kafka jars (org.apache.kafka:kafka_2.13 and its dependencies, plus the
+# log4j SLF4J binding the release tarball adds) go to
+#   ${EXACTLY_KAFKA_LIBS:-${XDG_CACHE_HOME:-~/.cache}/exactly/kafka-<version>/libs}
+# (the version is the one in crates/testkit/kafka/pom.xml). Any tool can start
+# the same broker from there:
+#   java -cp "$EXACTLY_KAFKA_LIBS/*" kafka.tools.StorageTool format --standalone -t <id> -c server.properties
+#   java -cp "$EXACTLY_KAFKA_LIBS/*" kafka.Kafka server.properties
 set -euo pipefail
-
-NISSHI_VERSION="0.7.0-pre.2"
-NISSHI_FEATURES="dynostore,libsql"
+cd "$(dirname "$0")/.."
 
 log() { echo "[install-services] $*"; }
 
@@ -33,14 +40,11 @@ have_postgres() {
     return 1
 }
 
-have_redis() {
-    command -v redis-server >/dev/null 2>&1
-}
-
-have_nisshi() {
-    command -v nisshi >/dev/null 2>&1 \
-        || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/nisshi" ] \
-        || [ -x "$HOME/.cargo/bin/nisshi" ]
+have_java() {
+    if [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/java" ]; then
+        return 0
+    fi
+    command -v java >/dev/null 2>&1
 }
 
 packages=()
@@ -49,7 +53,7 @@ if have_postgres; then
 else
     packages+=(postgresql)
 fi
-if have_redis; then
+if command -v redis-server >/dev/null 2>&1; then
     log "redis-server present, skipping"
 else
     packages+=(redis-server)
@@ -57,19 +61,55 @@ fi
 if ! command -v psql >/dev/null 2>&1 && [[ ! " ${packages[*]-} " == *" postgresql "* ]]; then
     packages+=(postgresql-client)
 fi
+if have_java; then
+    log "java present, skipping"
+else
+    packages+=(openjdk-17-jre-headless)
+fi
+
+pom=crates/testkit/kafka/pom.xml
+kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
+[ -n "$kafka_version" ] || { log "no <kafka.version> in $pom"; exit 1; }
+cache=${XDG_CACHE_HOME:-$HOME/.cache}
+libs=${EXACTLY_KAFKA_LIBS:-$cache/exactly/kafka-$kafka_version/libs}
+# Written last, so a copy interrupted half-way is done again.
+complete="$libs/.exactly-complete"
+need_jars=1
+[ -f "$complete" ] && [ -f "$libs/kafka_2.13-$kafka_version.jar" ] && need_jars=0
+if [ -n "${EXACTLY_KAFKA_LIBS:-}" ] && [ "$need_jars" = 1 ]; then
+    # A folder of the user's: use any Kafka it holds, never replace it.
+    if ls "$libs"/kafka_2.13-*.jar >/dev/null 2>&1; then
+        need_jars=0
+    elif [ -n "$(ls -A "$libs" 2>/dev/null)" ]; then
+        log "EXACTLY_KAFKA_LIBS=$libs holds no kafka_2.13-*.jar but is not empty: point it at a Kafka libs/ folder, at an empty folder, or unset it"
+        exit 1
+    fi
+fi
+if [ "$need_jars" = 1 ] && ! command -v mvn >/dev/null 2>&1; then
+    packages+=(maven)
+fi
 
 if [ "${#packages[@]}" -gt 0 ]; then
     log "apt-get update"
     as_root apt-get update
     log "apt-get install -y ${packages[*]}"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${packages[@]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${packages[@]}"
 fi
 
-if have_nisshi; then
-    log "nisshi present, skipping"
+if [ "$need_jars" = 1 ]; then
+    log "fetching Apache Kafka $kafka_version jars with Maven (about a minute the first time)"
+    staging="$libs.partial"
+    rm -rf "$staging"
+    mkdir -p "$staging"
+    mvn -B -q -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DoutputDirectory="$staging"
+    [ -f "$staging/kafka_2.13-$kafka_version.jar" ] || { log "Maven copied no kafka_2.13-$kafka_version.jar"; exit 1; }
+    ls "$staging"/log4j-slf4j-impl-*.jar >/dev/null 2>&1 || { log "Maven copied no log4j-slf4j-impl jar"; exit 1; }
+    rm -rf "$libs"
+    mv "$staging" "$libs"
+    touch "$complete"
 else
-    log "cargo install nisshi --version $NISSHI_VERSION --locked --features $NISSHI_FEATURES (takes a while)"
-    cargo install nisshi --version "$NISSHI_VERSION" --locked --features "$NISSHI_FEATURES"
+    log "Apache Kafka $kafka_version jars present, skipping"
 fi
+log "Kafka broker jars: $libs (override with EXACTLY_KAFKA_LIBS)"
 
 log "done"

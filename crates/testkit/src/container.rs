@@ -480,6 +480,12 @@ impl Container {
                 .is_ok_and(|out| out.trim() == "true")
     }
 
+    /// `docker pause` / `docker unpause`.
+    fn set_frozen(&mut self, frozen: bool) -> Result<()> {
+        let verb = if frozen { "pause" } else { "unpause" };
+        self.docker(&strings(&[verb, &self.name]), COMMAND_TIMEOUT).map(drop)
+    }
+
     /// `docker kill` (SIGKILL, like a crash), then waits until the container
     /// stopped and the port is closed.
     fn stop(&mut self) -> Result<()> {
@@ -602,6 +608,13 @@ impl<L: Lifecycle> Lifecycle for Managed<L> {
         match self {
             Managed::Local(local) => local.is_running(),
             Managed::Container(container) => container.is_running(),
+        }
+    }
+
+    fn set_frozen(&mut self, frozen: bool) -> Result<()> {
+        match self {
+            Managed::Local(local) => local.set_frozen(frozen),
+            Managed::Container(container) => container.set_frozen(frozen),
         }
     }
 

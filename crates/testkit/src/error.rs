@@ -13,7 +13,7 @@
 pub enum TestkitError {
     /// A program the service needs is neither on `PATH` nor in the usual
     /// install locations, and no container could be started instead.
-    #[error("{service}: cannot find the `{binary}` program (looked in {searched}); {docker}. Fix: {fix}")]
+    #[error("{service}: cannot find `{binary}` (looked in {searched}); {docker}. Fix: {fix}")]
     BinaryNotFound {
         /// Human name of the service, e.g. `PostgreSQL`.
         service: &'static str,
@@ -96,8 +96,9 @@ pub enum TestkitError {
     /// externally managed service given through an environment variable.
     #[error(
         "{service} at {address} comes from the environment variable {env_var}; the testkit \
-         cannot {action} a service it did not start. Fix: unset {env_var} to let the testkit \
-         start a throwaway {service}, or skip this step when `is_external()` is true"
+         cannot {action} a service it did not start. Fix: a test that stops, restarts, freezes or \
+         reconfigures a service starts its own (`start_own`, `KafkaBroker::start`), whatever \
+         {env_var} says"
     )]
     External {
         /// Human name of the service.

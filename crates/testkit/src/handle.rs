@@ -29,6 +29,10 @@ pub(crate) trait Lifecycle {
     fn restart(&mut self) -> Result<()>;
     /// Whether the service is currently started.
     fn is_running(&mut self) -> bool;
+    /// Suspends (`true`: SIGSTOP, `docker pause`) or resumes (`false`) every
+    /// process of the service without ending it: connections stay open and
+    /// requests hang, like a machine that stopped answering.
+    fn set_frozen(&mut self, frozen: bool) -> Result<()>;
     /// The service's log file.
     fn log_path(&self) -> &Path;
     /// How the service runs.
@@ -139,6 +143,11 @@ impl<M: Lifecycle> ServiceHandle<M> {
         self.lifecycle("restart")?.restart()
     }
 
+    pub(crate) fn set_frozen(&mut self, frozen: bool) -> Result<()> {
+        let action = if frozen { "freeze" } else { "thaw" };
+        self.lifecycle(action)?.set_frozen(frozen)
+    }
+
     fn lifecycle(&mut self, action: &'static str) -> Result<&mut M> {
         match self.managed.as_mut() {
             Some(managed) => Ok(managed),
@@ -238,6 +247,24 @@ macro_rules! service_handle_methods {
         #[doc = "Fails with [`TestkitError::External`](crate::TestkitError::External) when external."]
         pub fn restart(&mut self) -> crate::Result<()> {
             self.handle.restart()
+        }
+
+        #[doc = concat!(
+            "Suspends every process of the ", $what, " (SIGSTOP; `docker pause` for a container) \
+             without ending it: its port stays open and requests hang until \
+             [`thaw`](Self::thaw). Dropping a frozen handle still removes it."
+        )]
+        #[doc = ""]
+        #[doc = "Fails with [`TestkitError::External`](crate::TestkitError::External) when external."]
+        pub fn freeze(&mut self) -> crate::Result<()> {
+            self.handle.set_frozen(true)
+        }
+
+        #[doc = concat!("Resumes a ", $what, " suspended by [`freeze`](Self::freeze).")]
+        #[doc = ""]
+        #[doc = "Fails with [`TestkitError::External`](crate::TestkitError::External) when external."]
+        pub fn thaw(&mut self) -> crate::Result<()> {
+            self.handle.set_frozen(false)
         }
     };
 }

@@ -6,20 +6,26 @@
 //! - [`PostgresServer`]: a throwaway PostgreSQL cluster with
 //!   `max_prepared_transactions = 64`, for two-phase commit
 //!   (env override: `EXACTLY_DATABASE_URL`);
-//! - [`KafkaBroker`]: a Kafka-compatible broker (Nisshi, or Apache Kafka in
-//!   a container), in memory or persistent (env override:
-//!   `EXACTLY_KAFKA_BOOTSTRAP`);
+//! - [`KafkaBroker`]: an Apache Kafka broker (one KRaft node run from its
+//!   jars, or in a container), shared per test process or a test's own
+//!   (env override of the shared one: `EXACTLY_KAFKA_BOOTSTRAP`);
 //! - [`RedisServer`]: `redis-server` without persistence
 //!   (env override: `EXACTLY_REDIS_URL`).
 //!
-//! When the override variable is set, the handle only carries that address
-//! and stops nothing. Every handle offers `stop()` and `restart()` (same
-//! port, same data where the service keeps any) to simulate outages.
+//! When the override variable is set, `start()` (and
+//! [`KafkaBroker::shared`]) only carry that address and stop nothing. A
+//! test that stops, restarts, freezes or reconfigures a service starts its
+//! own (`start_own()`, [`KafkaBroker::start`], [`KafkaBroker::builder`]),
+//! whatever the variables say; those handles offer `stop()`, `restart()`
+//! (same port, same data where the service keeps any), `freeze()` and
+//! `thaw()` to simulate outages.
 //!
 //! # Docker fallback
 //!
-//! PostgreSQL and Kafka are looked for in this order: the override variable,
-//! the local programs, then a Docker container ([`postgres::POSTGRES_IMAGE`]
+//! PostgreSQL and Kafka are looked for in this order: the override variable
+//! (where it applies), the local programs (for Kafka: `java` and the jars
+//! `.ci/install-services.sh` copies, see [`kafka::KAFKA_LIBS_ENV`]), then a
+//! Docker container ([`postgres::POSTGRES_IMAGE`]
 //! or [`kafka::KAFKA_IMAGE`], published on a free loopback port, removed
 //! with `docker rm -f -v` when the handle drops) when a Docker engine answers
 //! `docker version` within a few seconds (asked once per process, through
@@ -37,6 +43,10 @@
 //! When nothing works, the error is [`TestkitError::BinaryNotFound`]: it
 //! names the command that installs the program, why Docker was not used, and
 //! the override variable; `.ci/install-services.sh` installs all programs.
+//!
+//! Every child process (the Kafka JVM included) runs in its own process
+//! group; a Kafka broker is also killed by the kernel when the test process
+//! ends without dropping its handle.
 //!
 //! ```no_run
 //! let pg = exactly_testkit::PostgresServer::start()?;
@@ -58,7 +68,7 @@ pub mod redis;
 pub use container::DOCKER_MODE_ENV;
 pub use error::{Result, TestkitError};
 pub use handle::Backend;
-pub use kafka::KafkaBroker;
+pub use kafka::{KafkaBroker, KafkaBrokerBuilder};
 pub use postgres::PostgresServer;
 pub use process::{free_port, port_accepts};
 pub use redis::RedisServer;

@@ -99,10 +99,20 @@ impl PostgresServer {
     /// container instead (see the type's docs) and waits (at most 90 s after
     /// the image is there) until the server accepts TCP connections after
     /// the image's initialisation.
+    ///
+    /// A test that stops, restarts, freezes or reconfigures the server
+    /// (`ALTER SYSTEM`) must use [`start_own`](Self::start_own) instead.
     pub fn start() -> Result<PostgresServer> {
         if let Some(handle) = ServiceHandle::from_env(&KIND) {
             return Ok(PostgresServer { handle });
         }
+        Self::start_own()
+    }
+
+    /// Like [`start`](Self::start), but always starts a cluster of the
+    /// caller's own, whatever `EXACTLY_DATABASE_URL` says: for tests that
+    /// stop, restart, freeze or reconfigure it.
+    pub fn start_own() -> Result<PostgresServer> {
         let (managed, dir) = container::local_then_container(
             SERVICE,
             DockerMode::from_env()?,
@@ -459,6 +469,15 @@ impl Lifecycle for Cluster {
 
     fn is_running(&mut self) -> bool {
         self.running
+    }
+
+    /// Signals the postmaster's process group (pg_ctl starts it in its own
+    /// session, so its pid is the group id): every backend stops with it.
+    fn set_frozen(&mut self, frozen: bool) -> Result<()> {
+        if let Some(pid) = process::read_pid(&self.data_dir.join("postmaster.pid")) {
+            process::signal_process_group(pid, if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+        Ok(())
     }
 
     fn log_path(&self) -> &Path {

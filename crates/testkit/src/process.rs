@@ -214,7 +214,7 @@ pub(crate) fn is_executable(path: &Path) -> bool {
 const OWNER_FILE: &str = "owner.pid";
 /// File in a service's working dir holding the pid (= process group id) of
 /// the service process.
-const SERVICE_PID_FILE: &str = "service.pid";
+pub(crate) const SERVICE_PID_FILE: &str = "service.pid";
 /// Pid files of services left in a temp dir: ours, and PostgreSQL's.
 const STALE_PID_FILES: &[&str] = &[SERVICE_PID_FILE, "data/postmaster.pid"];
 
@@ -364,6 +364,11 @@ pub(crate) fn run_command(
 
 /// Sends SIGKILL to every process in the process group `pgid`.
 pub(crate) fn kill_process_group(pgid: u32) {
+    signal_process_group(pgid, libc::SIGKILL);
+}
+
+/// Sends `signal` to every process in the process group `pgid`.
+pub(crate) fn signal_process_group(pgid: u32, signal: libc::c_int) {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
         return;
     };
@@ -373,8 +378,58 @@ pub(crate) fn kill_process_group(pgid: u32) {
     // SAFETY: killpg only sends a signal; pgid is a positive group id of a
     // process group this crate created.
     unsafe {
-        libc::killpg(pgid, libc::SIGKILL);
+        libc::killpg(pgid, signal);
     }
+}
+
+/// A command handed to the spawner thread, with where to send the child.
+type SpawnRequest = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
+
+/// Spawns `cmd` so that the kernel kills the child (SIGKILL) when this
+/// process ends, however it ends (a panic, `exit`, SIGKILL).
+///
+/// Linux ties `PR_SET_PDEATHSIG` to the *thread* that forked the child, so
+/// every such child is forked by one spawner thread that lives as long as
+/// the process: a child started from a test thread (or a tokio blocking
+/// thread) that ends early stays alive until its handle drops.
+fn spawn_tied_to_process(mut cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: Mutex<Option<std::sync::mpsc::Sender<SpawnRequest>>> = Mutex::new(None);
+    // SAFETY: the closure only calls async-signal-safe functions (prctl,
+    // getppid) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The spawner died between fork and prctl: so did the process.
+            if libc::getppid() == 1 {
+                return Err(std::io::Error::other("the testkit process is exiting"));
+            }
+            Ok(())
+        });
+    }
+    let (reply, answer) = std::sync::mpsc::channel();
+    {
+        let mut spawner = SPAWNER.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = spawner.get_or_insert_with(|| {
+            let (sender, requests) = std::sync::mpsc::channel::<SpawnRequest>();
+            std::thread::Builder::new()
+                .name("exactly-testkit-spawner".into())
+                .spawn(move || {
+                    for (mut cmd, reply) in requests {
+                        let _ = reply.send(cmd.spawn());
+                    }
+                })
+                .expect("starting the testkit's spawner thread");
+            sender
+        });
+        sender
+            .send((cmd, reply))
+            .map_err(|_| std::io::Error::other("the testkit's spawner thread is gone"))?;
+    }
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the testkit's spawner thread is gone"))?
 }
 
 /// A child process that leads its own process group, so that it and all of
@@ -387,7 +442,18 @@ pub(crate) struct GroupChild {
 impl GroupChild {
     /// Spawns `cmd` in a new process group with stdin closed and stdout and
     /// stderr appended to `log`.
-    pub(crate) fn spawn(service: &'static str, mut cmd: Command, log: &Path) -> Result<Self> {
+    pub(crate) fn spawn(service: &'static str, cmd: Command, log: &Path) -> Result<Self> {
+        Self::spawn_with(service, cmd, log, false)
+    }
+
+    /// Like [`spawn`](Self::spawn), but the kernel also kills the child when
+    /// this process ends without dropping the handle (a handle in a
+    /// `static`, a test binary killed by a signal).
+    pub(crate) fn spawn_tied(service: &'static str, cmd: Command, log: &Path) -> Result<Self> {
+        Self::spawn_with(service, cmd, log, true)
+    }
+
+    fn spawn_with(service: &'static str, mut cmd: Command, log: &Path, tied: bool) -> Result<Self> {
         let io = |action: String, fix: &'static str| {
             move |source| TestkitError::Io {
                 service,
@@ -407,7 +473,8 @@ impl GroupChild {
         cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
         let command = describe_command(&cmd);
         tracing::debug!(service, %command, log = %log.display(), "spawning");
-        let child = cmd.spawn().map_err(io(
+        let child = if tied { spawn_tied_to_process(cmd) } else { cmd.spawn() };
+        let child = child.map_err(io(
             format!("spawning `{command}`"),
             "check that the binary is executable",
         ))?;
@@ -426,6 +493,13 @@ impl GroupChild {
             Ok(Some(status)) => Some(format!("the process exited early ({status})")),
             Ok(None) => None,
             Err(err) => Some(format!("cannot query the process: {err}")),
+        }
+    }
+
+    /// Sends `signal` to the whole process group, if it still runs.
+    pub(crate) fn signal(&self, signal: libc::c_int) {
+        if let Some(pid) = self.pid() {
+            signal_process_group(pid, signal);
         }
     }
 
@@ -545,6 +619,13 @@ impl Lifecycle for ChildService {
 
     fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| c.exited().is_none())
+    }
+
+    fn set_frozen(&mut self, frozen: bool) -> Result<()> {
+        if let Some(child) = &self.child {
+            child.signal(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+        Ok(())
     }
 
     fn log_path(&self) -> &Path {

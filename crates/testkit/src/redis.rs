@@ -34,21 +34,32 @@ impl RedisServer {
     /// from `PATH` with `--port P --bind 127.0.0.1 --save "" --appendonly no
     /// --dir <temp dir>` on a free port and waits (at most 30 s) until it
     /// accepts connections.
+    ///
+    /// A test that stops, restarts or freezes the server must use
+    /// [`start_own`](Self::start_own) or
+    /// [`start_persistent`](Self::start_persistent) instead.
     pub fn start() -> Result<RedisServer> {
+        if let Some(handle) = ServiceHandle::from_env(&KIND) {
+            return Ok(RedisServer { handle });
+        }
+        Self::start_with(false)
+    }
+
+    /// Like [`start`](Self::start), but always starts a server of the
+    /// caller's own, whatever `EXACTLY_REDIS_URL` says.
+    pub fn start_own() -> Result<RedisServer> {
         Self::start_with(false)
     }
 
     /// Like [`start`](Self::start), but durable: `--appendonly yes
     /// --appendfsync always`, so everything acknowledged survives `stop()` /
-    /// `restart()` (a crash of the server).
+    /// `restart()` (a crash of the server). Always a server of the caller's
+    /// own, whatever `EXACTLY_REDIS_URL` says.
     pub fn start_persistent() -> Result<RedisServer> {
         Self::start_with(true)
     }
 
     fn start_with(persistent: bool) -> Result<RedisServer> {
-        if let Some(handle) = ServiceHandle::from_env(&KIND) {
-            return Ok(RedisServer { handle });
-        }
         let program = process::find_binary("redis-server", &[]).ok_or_else(|| TestkitError::BinaryNotFound {
             service: SERVICE,
             binary: "redis-server",

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use exactly_testkit::kafka::{KAFKA_BOOTSTRAP_ENV, KAFKA_IMAGE, NISSHI_INSTALL};
+use exactly_testkit::kafka::{KAFKA_BOOTSTRAP_ENV, KAFKA_IMAGE, KAFKA_INSTALL, KAFKA_LIBS_ENV};
 use exactly_testkit::postgres::{DATABASE_URL_ENV, POSTGRES_IMAGE};
 use exactly_testkit::redis::REDIS_URL_ENV;
 use exactly_testkit::{KafkaBroker, PostgresServer, RedisServer, TestkitError, DOCKER_MODE_ENV};
@@ -49,7 +49,7 @@ fn without_a_docker_engine_the_errors_name_every_option() {
     std::env::set_var("DOCKER_HOST", "unix:///nonexistent.sock");
 
     // `always` skips the local programs, so this fails here even though
-    // nisshi and PostgreSQL are installed.
+    // Kafka's jars and PostgreSQL are installed.
     std::env::set_var(DOCKER_MODE_ENV, "always");
     let kafka = failure("Kafka", KafkaBroker::start());
     assert_mentions(
@@ -59,7 +59,8 @@ fn without_a_docker_engine_the_errors_name_every_option() {
             "no Docker engine answered",
             "DOCKER_HOST",
             KAFKA_IMAGE,
-            NISSHI_INSTALL,
+            KAFKA_INSTALL,
+            KAFKA_LIBS_ENV,
             KAFKA_BOOTSTRAP_ENV,
         ],
     );
@@ -67,7 +68,7 @@ fn without_a_docker_engine_the_errors_name_every_option() {
 
     let persistent_dir = empty.path().join("broker");
     let persistent = failure("persistent Kafka", KafkaBroker::start_persistent(&persistent_dir));
-    assert_mentions(&persistent, &["no Docker engine answered", NISSHI_INSTALL]);
+    assert_mentions(&persistent, &["no Docker engine answered", KAFKA_INSTALL]);
 
     let pg = failure("PostgreSQL", PostgresServer::start());
     assert_mentions(
@@ -83,27 +84,46 @@ fn without_a_docker_engine_the_errors_name_every_option() {
     );
     assert_names_docker_failure(&pg);
 
-    // An environment override still wins over everything.
+    // An environment override wins for the shared broker, which then is
+    // the external one; a broker of the test's own ignores it.
     std::env::set_var(KAFKA_BOOTSTRAP_ENV, "127.0.0.1:1");
-    let external = KafkaBroker::start().expect("the override needs no broker");
+    let external = KafkaBroker::shared().expect("the override needs no broker");
     assert!(external.is_external());
     assert_eq!(external.backend(), exactly_testkit::Backend::External);
+    assert_eq!(external.bootstrap(), "127.0.0.1:1");
+    let own = failure("an own Kafka despite the override", KafkaBroker::start());
+    assert_mentions(&own, &["EXACTLY_TESTKIT_DOCKER=always skips the local programs"]);
     std::env::remove_var(KAFKA_BOOTSTRAP_ENV);
 
-    // With nothing on PATH and no cargo bin dir, `auto` looks for nisshi
-    // first, then asks Docker.
+    // Without java and the jars, `auto` looks for them first, then asks
+    // Docker.
     std::env::set_var("PATH", empty.path());
-    std::env::set_var("HOME", empty.path());
-    std::env::set_var("CARGO_HOME", empty.path());
+    std::env::remove_var("JAVA_HOME");
+    std::env::set_var(KAFKA_LIBS_ENV, empty.path());
     std::env::set_var(DOCKER_MODE_ENV, "auto");
-    let auto = failure("Kafka without nisshi", KafkaBroker::start());
+    let auto = failure("Kafka without java", KafkaBroker::start());
     assert_mentions(
         &auto,
         &[
-            "cannot find the `nisshi` program",
+            "cannot find `java`",
             &format!("PATH={}", empty.path().display()),
             "no Docker engine answered",
-            NISSHI_INSTALL,
+            KAFKA_INSTALL,
+        ],
+    );
+    // A Java runtime, but no jars in the folder the variable names.
+    let java_dir = tempfile::tempdir().expect("temp dir");
+    let java = java_dir.path().join("java");
+    std::fs::write(&java, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&java, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::env::set_var("PATH", java_dir.path());
+    let no_jars = failure("Kafka without jars", KafkaBroker::start());
+    assert_mentions(
+        &no_jars,
+        &[
+            "cannot find `kafka_2.13-*.jar`",
+            &empty.path().display().to_string(),
+            KAFKA_LIBS_ENV,
         ],
     );
 
@@ -114,7 +134,7 @@ fn without_a_docker_engine_the_errors_name_every_option() {
         &never,
         &[
             "Docker was not tried because EXACTLY_TESTKIT_DOCKER=never",
-            NISSHI_INSTALL,
+            KAFKA_INSTALL,
         ],
     );
 

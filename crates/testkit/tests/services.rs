@@ -189,19 +189,40 @@ fn redis_stop_and_restart_on_the_same_port() {
 // --------------------------------------------------------------------- Kafka
 
 #[test]
-fn kafka_broker_answers_api_versions() {
+fn the_shared_kafka_broker_answers_and_creates_topics() {
     init_tracing();
-    let broker = KafkaBroker::start().expect("start Kafka broker");
+    let broker = KafkaBroker::shared().expect("the shared Kafka broker");
     if !broker.is_external() {
         assert_eq!(broker.bootstrap(), format!("127.0.0.1:{}", broker.port()));
+        assert!(broker.pid().is_some(), "a broker the kit started has a JVM");
     }
-    assert!(port_accepts(broker.port()));
     let (correlation, error_code) = api_versions(broker.port(), 0x5eed_0001);
     assert_eq!(correlation, 0x5eed_0001);
     assert_eq!(error_code, 0);
+    let topic = format!("testkit-shared-{}", std::process::id());
+    assert_eq!(create_topic(broker.port(), &topic), 0);
+    assert_eq!(wait_topic(broker.port(), &topic), 0);
+}
 
-    let (port, external) = (broker.port(), broker.is_external());
-    drop_and_check_closed(broker, port, external);
+#[test]
+fn an_own_kafka_broker_is_gone_after_drop() {
+    init_tracing();
+    let broker = KafkaBroker::start().expect("start a Kafka broker");
+    assert!(
+        !broker.is_external(),
+        "KafkaBroker::start never uses EXACTLY_KAFKA_BOOTSTRAP"
+    );
+    let port = broker.port();
+    let pid = broker.pid();
+    assert_eq!(api_versions(port, 5), (5, 0));
+    drop_and_check_closed(broker, port, false);
+    if let Some(pid) = pid {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")),
+            "the broker JVM {pid} outlived its handle"
+        );
+    }
 }
 
 #[test]
@@ -209,27 +230,22 @@ fn kafka_persistent_broker_keeps_topics_across_restart() {
     init_tracing();
     let dir = tempfile::tempdir().expect("temp dir");
     let mut broker = KafkaBroker::start_persistent(dir.path()).expect("start broker");
-    if broker.is_external() {
-        assert!(broker.stop().is_err(), "an external Kafka cannot be stopped");
-        return;
-    }
     let port = broker.port();
     assert_eq!(topic_error(port, "testkit-never-created"), UNKNOWN_TOPIC_OR_PARTITION);
     assert_eq!(create_topic(port, "testkit-kept"), 0);
     assert_eq!(wait_topic(port, "testkit-kept"), 0);
     let data: PathBuf = match broker.backend() {
         // The kit creates the folder itself; Kafka's own file proves the mount.
-        Backend::Container => dir
-            .path()
-            .join(exactly_testkit::kafka::CONTAINER_DATA_DIR)
-            .join("meta.properties"),
-        _ => dir.path().join(exactly_testkit::kafka::PERSISTENT_DB_FILE),
-    };
+        Backend::Container => dir.path().join(exactly_testkit::kafka::CONTAINER_DATA_DIR),
+        _ => dir.path().join(exactly_testkit::kafka::DATA_DIR),
+    }
+    .join("meta.properties");
     assert!(data.exists(), "no broker data at {data:?}");
 
     broker.stop().expect("stop");
     assert!(!broker.is_running());
     assert!(!port_accepts(port), "port still open after stop");
+    broker.stop().expect("stopping twice is harmless");
     broker.restart().expect("restart");
     assert!(broker.is_running());
     assert_eq!(broker.port(), port);
@@ -244,16 +260,43 @@ fn kafka_persistent_broker_keeps_topics_across_restart() {
 }
 
 #[test]
-fn kafka_in_memory_broker_restarts_empty_on_the_same_port() {
+fn a_frozen_kafka_broker_answers_only_after_thaw() {
     init_tracing();
-    let mut broker = KafkaBroker::start().expect("start broker");
-    if broker.is_external() {
-        return;
+    let mut broker = KafkaBroker::builder()
+        .setting("transaction.max.timeout.ms", 5000)
+        .start()
+        .expect("start a broker with a setting");
+    if broker.backend() == Backend::Local {
+        let log = broker.log_path().expect("a local broker has a log");
+        let properties = std::fs::read_to_string(log.with_file_name("server.properties")).expect("server.properties");
+        assert!(
+            properties.lines().any(|line| line == "transaction.max.timeout.ms=5000"),
+            "{properties}"
+        );
     }
     let port = broker.port();
-    assert_eq!(create_topic(port, "testkit-lost"), 0);
-    assert_eq!(wait_topic(port, "testkit-lost"), 0);
-    broker.restart().expect("restart");
-    assert_eq!(broker.port(), port);
-    assert_eq!(topic_error(port, "testkit-lost"), UNKNOWN_TOPIC_OR_PARTITION);
+    broker.freeze().expect("freeze");
+    let mut stream = connect(port);
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_millis(1500)))
+        .unwrap();
+    let mut request = Vec::new();
+    request.extend_from_slice(&API_API_VERSIONS.to_be_bytes());
+    request.extend_from_slice(&0i16.to_be_bytes());
+    request.extend_from_slice(&77i32.to_be_bytes());
+    put_str(&mut request, "exactly-testkit");
+    let mut frame = (request.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&request);
+    stream
+        .write_all(&frame)
+        .expect("the frozen broker's socket accepts bytes");
+    let mut size = [0u8; 4];
+    let answer = stream.read_exact(&mut size);
+    assert!(answer.is_err(), "a frozen broker answered");
+    broker.thaw().expect("thaw");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream
+        .read_exact(&mut size)
+        .expect("the thawed broker answers the pending request");
+    assert_eq!(api_versions(port, 9), (9, 0));
 }

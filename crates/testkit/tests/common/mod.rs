@@ -93,7 +93,8 @@ pub fn api_versions(port: u16, correlation_id: i32) -> (i32, i16) {
     (correlation, Reader(&body).i16())
 }
 
-/// CreateTopics v0 for one topic with one partition; returns its error code.
+/// CreateTopics v2 (Kafka 4 serves v2 and later) for one topic with one
+/// partition; returns its error code.
 pub fn create_topic(port: u16, topic: &str) -> i16 {
     let mut body = 1i32.to_be_bytes().to_vec(); // one topic
     put_str(&mut body, topic);
@@ -102,9 +103,11 @@ pub fn create_topic(port: u16, topic: &str) -> i16 {
     body.extend_from_slice(&0i32.to_be_bytes()); // no assignments
     body.extend_from_slice(&0i32.to_be_bytes()); // no configs
     body.extend_from_slice(&10_000i32.to_be_bytes()); // timeout ms
-    let (correlation, response) = kafka_request(port, API_CREATE_TOPICS, 0, 31, &body);
+    body.push(0); // validate_only = false
+    let (correlation, response) = kafka_request(port, API_CREATE_TOPICS, 2, 31, &body);
     assert_eq!(correlation, 31);
     let mut r = Reader(&response);
+    r.i32(); // throttle_time_ms
     assert_eq!(r.i32(), 1, "one topic in the CreateTopics response");
     assert_eq!(r.string().as_deref(), Some(topic));
     r.i16()

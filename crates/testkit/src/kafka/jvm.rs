@@ -1,0 +1,391 @@
+//! An Apache Kafka broker run from its jars as a child JVM: one KRaft node
+//! that is broker and controller at once, on two free loopback ports.
+//!
+//! Its folder holds `server.properties`, `log4j2.properties`, the broker's
+//! output (`kafka.log`) and its data (`data/`). The data is formatted once
+//! (`kafka.tools.StorageTool format --standalone`) and kept across
+//! [`restart`](Lifecycle::restart)s: a restarted broker recovers its logs
+//! like one that crashed.
+
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use super::install::{Installation, SERVICE};
+use super::ready;
+use crate::error::{Result, TestkitError};
+use crate::handle::Lifecycle;
+use crate::process::{self, GroupChild, Startup};
+
+/// The cluster id every test kit broker formats its data with; fixed so that
+/// a broker started on an existing data folder finds its own id there.
+pub(crate) const CLUSTER_ID: &str = "ZXhhY3RseS10ZXN0a2l0LQ";
+/// File Kafka writes into a formatted data folder.
+pub(crate) const META_PROPERTIES: &str = "meta.properties";
+/// Folder (inside the broker's folder) of the broker's logs and metadata.
+pub(crate) const DATA_DIR: &str = "data";
+pub(crate) const LOG_FILE: &str = "kafka.log";
+const PROPERTIES_FILE: &str = "server.properties";
+const LOG4J_FILE: &str = "log4j2.properties";
+/// A JVM broker needs a few seconds to start alone, and much longer when
+/// several start at once on a small machine beside compilers and tests.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+const FIX_START: &str = "read the broker log above (kafka.log in the broker's folder); check that \
+     EXACTLY_KAFKA_LIBS (or ~/.cache/exactly/kafka-<version>/libs) holds the jars of one Kafka 4.x \
+     release and that `java -version` works; or set EXACTLY_KAFKA_BOOTSTRAP to use a running Kafka";
+
+/// Settings of every test kit broker: one node able to run transactions and
+/// consumer groups alone, quick to answer the first group or transactional
+/// request. [`KafkaBrokerBuilder::setting`](super::KafkaBrokerBuilder::setting)
+/// overrides any of them.
+pub(crate) const TEST_SETTINGS: &[(&str, &str)] = &[
+    ("num.partitions", "1"),
+    ("default.replication.factor", "1"),
+    ("min.insync.replicas", "1"),
+    ("offsets.topic.replication.factor", "1"),
+    // One partition per internal topic: creating the default 50 on the
+    // first group or transactional request takes seconds on a small machine.
+    ("offsets.topic.num.partitions", "1"),
+    ("transaction.state.log.replication.factor", "1"),
+    ("transaction.state.log.min.isr", "1"),
+    ("transaction.state.log.num.partitions", "1"),
+    ("share.coordinator.state.topic.replication.factor", "1"),
+    ("share.coordinator.state.topic.min.isr", "1"),
+    ("group.initial.rebalance.delay.ms", "0"),
+    ("auto.create.topics.enable", "true"),
+    ("num.network.threads", "2"),
+    ("num.io.threads", "4"),
+    ("log.cleaner.dedupe.buffer.size", "8388608"),
+];
+
+/// How the JVM of a broker is sized.
+pub(crate) const DEFAULT_HEAP: &str = "512m";
+
+/// What a broker is started with.
+#[derive(Clone, Debug)]
+pub(crate) struct BrokerSpec {
+    pub(crate) install: Installation,
+    /// The broker's folder (created if missing).
+    pub(crate) dir: PathBuf,
+    /// Settings added to (or replacing) [`TEST_SETTINGS`].
+    pub(crate) settings: Vec<(String, String)>,
+    /// `-Xmx` / `-Xms` of the JVM.
+    pub(crate) heap: String,
+    /// Whether the kernel kills the broker when this process ends even if
+    /// the handle was never dropped (a broker kept in a `static`).
+    pub(crate) tied_to_process: bool,
+}
+
+/// A broker JVM the test kit started, with the two ports it keeps across
+/// restarts.
+pub(crate) struct JvmBroker {
+    spec: BrokerSpec,
+    port: u16,
+    controller_port: u16,
+    log: PathBuf,
+    child: Option<GroupChild>,
+}
+
+impl std::fmt::Debug for JvmBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JvmBroker")
+            .field("dir", &self.spec.dir)
+            .field("port", &self.port)
+            .field("controller_port", &self.controller_port)
+            .finish()
+    }
+}
+
+impl JvmBroker {
+    /// Writes the broker's configuration, formats its data folder if it is
+    /// new, starts the JVM on free ports and waits until it answers
+    /// Metadata.
+    pub(crate) fn start(spec: BrokerSpec) -> Result<JvmBroker> {
+        fs::create_dir_all(spec.dir.join(DATA_DIR)).map_err(|source| TestkitError::Io {
+            service: SERVICE,
+            action: format!("creating {}", spec.dir.join(DATA_DIR).display()),
+            fix: "pass a writable directory",
+            source,
+        })?;
+        let log = spec.dir.join(LOG_FILE);
+        let mut broker = JvmBroker {
+            spec,
+            port: 0,
+            controller_port: 0,
+            log,
+            child: None,
+        };
+        process::with_free_port(SERVICE, |port| {
+            broker.port = port;
+            broker.controller_port = process::free_port()?;
+            broker.write_config()?;
+            broker.format_if_new()?;
+            broker.spawn_and_wait()
+        })?;
+        Ok(broker)
+    }
+
+    /// The client port.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The broker's folder.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.spec.dir
+    }
+
+    /// The pid (and process group) of the running JVM.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(GroupChild::pid)
+    }
+
+    fn write_config(&self) -> Result<()> {
+        let properties = self.spec.dir.join(PROPERTIES_FILE);
+        fs::write(&properties, self.properties()).map_err(io(&properties))?;
+        let log4j = self.spec.dir.join(LOG4J_FILE);
+        fs::write(&log4j, LOG4J_PROPERTIES).map_err(io(&log4j))
+    }
+
+    /// `server.properties`: the node's listeners and folder, then the test
+    /// settings, then the caller's (later lines win).
+    fn properties(&self) -> String {
+        let (port, controller) = (self.port, self.controller_port);
+        let data = self.spec.dir.join(DATA_DIR);
+        let mut text = format!(
+            "# written by exactly-testkit\n\
+             process.roles=broker,controller\n\
+             node.id=1\n\
+             controller.quorum.bootstrap.servers=127.0.0.1:{controller}\n\
+             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+             controller.listener.names=CONTROLLER\n\
+             inter.broker.listener.name=PLAINTEXT\n\
+             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+             log.dirs={}\n",
+            data.display()
+        );
+        let caller = self.spec.settings.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        for (key, value) in TEST_SETTINGS.iter().copied().chain(caller) {
+            text.push_str(&format!("{key}={value}\n"));
+        }
+        text
+    }
+
+    /// `StorageTool format --standalone` once per data folder.
+    fn format_if_new(&self) -> Result<()> {
+        if self.spec.dir.join(DATA_DIR).join(META_PROPERTIES).exists() {
+            return Ok(());
+        }
+        let mut format = self.java();
+        format
+            .arg("kafka.tools.StorageTool")
+            .args(["format", "--standalone", "--ignore-formatted", "-t", CLUSTER_ID, "-c"])
+            .arg(self.spec.dir.join(PROPERTIES_FILE));
+        process::run_command(SERVICE, &mut format, None, FIX_START).map(drop)
+    }
+
+    /// `java <options> -cp <libs>/* MAIN`, run in the broker's folder.
+    fn java(&self) -> Command {
+        let mut java = Command::new(&self.spec.install.java);
+        let heap = &self.spec.heap;
+        java.current_dir(&self.spec.dir)
+            .env_remove("KAFKA_OPTS")
+            .env_remove("KAFKA_HEAP_OPTS")
+            .env_remove("JAVA_TOOL_OPTIONS")
+            .arg(format!("-Xmx{heap}"))
+            .arg(format!("-Xms{heap}"))
+            .args(["-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"])
+            .arg(jvm_property(
+                "log4j2.configurationFile",
+                &self.spec.dir.join(LOG4J_FILE),
+            ))
+            .arg(jvm_property("kafka.logs.dir", &self.spec.dir))
+            .arg("-cp")
+            .arg(self.spec.install.class_path());
+        java
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<()> {
+        let mut java = self.java();
+        java.arg("kafka.Kafka").arg(self.spec.dir.join(PROPERTIES_FILE));
+        let started = Instant::now();
+        let mut child = if self.spec.tied_to_process {
+            GroupChild::spawn_tied(SERVICE, java, &self.log)?
+        } else {
+            GroupChild::spawn(SERVICE, java, &self.log)?
+        };
+        if let Some(pid) = child.pid() {
+            // Lets a later run reap the broker if this process dies first.
+            let _ = fs::write(self.spec.dir.join(process::SERVICE_PID_FILE), pid.to_string());
+        }
+        let startup = Startup {
+            service: SERVICE,
+            port: self.port,
+            log: &self.log,
+            fix: FIX_START,
+        };
+        loop {
+            if let Some(reason) = child.exited() {
+                return Err(startup.failed(reason));
+            }
+            if let Some(cluster) = ready::metadata_answered(self.port) {
+                tracing::info!(
+                    port = self.port,
+                    cluster = ?cluster.cluster_id,
+                    after_ms = started.elapsed().as_millis() as u64,
+                    "Kafka broker ready"
+                );
+                self.child = Some(child);
+                return Ok(());
+            }
+            if started.elapsed() >= STARTUP_TIMEOUT {
+                return Err(startup.failed(format!(
+                    "no Metadata answer listing a broker within {} s",
+                    STARTUP_TIMEOUT.as_secs()
+                )));
+            }
+            sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+impl Lifecycle for JvmBroker {
+    /// Kills the JVM (SIGKILL, like a crash) and waits until its port is
+    /// closed.
+    fn stop(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+            for port in [self.port, self.controller_port] {
+                if !process::wait_port_closed(port) {
+                    tracing::warn!(port, "Kafka port still open after kill");
+                }
+            }
+            tracing::info!(port = self.port, "Kafka broker stopped");
+        }
+        Ok(())
+    }
+
+    /// Same ports, same data folder: the broker recovers its logs.
+    fn restart(&mut self) -> Result<()> {
+        self.stop()?;
+        self.write_config()?;
+        self.spawn_and_wait()
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| child.exited().is_none())
+    }
+
+    fn set_frozen(&mut self, frozen: bool) -> Result<()> {
+        if let Some(child) = &self.child {
+            child.signal(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+        Ok(())
+    }
+
+    fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+/// `-Dname=path`.
+fn jvm_property(name: &str, path: &Path) -> OsString {
+    let mut arg = OsString::from(format!("-D{name}="));
+    arg.push(path);
+    arg
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TestkitError + '_ {
+    move |source| TestkitError::Io {
+        service: SERVICE,
+        action: format!("writing {}", path.display()),
+        fix: "pass a writable directory",
+        source,
+    }
+}
+
+/// The broker's log configuration: INFO to standard output (the broker's
+/// log file), without the per-request and state-change chatter.
+const LOG4J_PROPERTIES: &str = "\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.state.name = state.change.logger
+logger.state.level = warn
+logger.controller.name = org.apache.kafka.controller
+logger.controller.level = warn
+logger.authorizer.name = kafka.authorizer.logger
+logger.authorizer.level = warn
+";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broker(settings: &[(&str, &str)]) -> JvmBroker {
+        JvmBroker {
+            spec: BrokerSpec {
+                install: Installation {
+                    java: "java".into(),
+                    libs: "/libs".into(),
+                },
+                dir: "/tmp/b".into(),
+                settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                heap: DEFAULT_HEAP.into(),
+                tied_to_process: false,
+            },
+            port: 41234,
+            controller_port: 41235,
+            log: "/tmp/b/kafka.log".into(),
+            child: None,
+        }
+    }
+
+    /// The value the broker reads for `key`: Java properties keep the last.
+    fn value(text: &str, key: &str) -> Option<String> {
+        text.lines()
+            .rev()
+            .filter_map(|line| line.split_once('='))
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn one_node_listens_on_its_ports_and_can_run_transactions_alone() {
+        let text = broker(&[]).properties();
+        assert_eq!(
+            value(&text, "advertised.listeners").as_deref(),
+            Some("PLAINTEXT://127.0.0.1:41234")
+        );
+        assert_eq!(
+            value(&text, "controller.quorum.bootstrap.servers").as_deref(),
+            Some("127.0.0.1:41235")
+        );
+        assert_eq!(value(&text, "log.dirs").as_deref(), Some("/tmp/b/data"));
+        for key in [
+            "offsets.topic.replication.factor",
+            "transaction.state.log.replication.factor",
+            "transaction.state.log.min.isr",
+        ] {
+            assert_eq!(value(&text, key).as_deref(), Some("1"), "{key}");
+        }
+    }
+
+    #[test]
+    fn settings_of_the_caller_win() {
+        let text = broker(&[("transaction.max.timeout.ms", "5000"), ("num.partitions", "3")]).properties();
+        assert_eq!(value(&text, "transaction.max.timeout.ms").as_deref(), Some("5000"));
+        assert_eq!(value(&text, "num.partitions").as_deref(), Some("3"));
+    }
+}
