@@ -7,11 +7,13 @@
 //!   is the number of records and no (partition, offset) repeats;
 //! - mode `upsert` keyed on (partition, offset).
 //!
-//! Both run on a server with `max_prepared_transactions = 0`. Negative
-//! controls: removing the fence's positions after a crash makes the replay
-//! duplicate rows (so the fence is what keeps the table exact, and the check
-//! sees duplicates), and in at-least-once mode the same append table
-//! duplicates rows in mode `two-phase` but not in mode `fenced`.
+//! Both run on a server of their own with `max_prepared_transactions = 0`,
+//! even when `EXACTLY_DATABASE_URL` names one. Negative controls (on the
+//! `EXACTLY_DATABASE_URL` server when set): removing the fence's positions
+//! after a crash makes the replay duplicate rows (so the fence is what keeps
+//! the table exact, and the check sees duplicates), and in at-least-once mode
+//! the same append table duplicates rows in mode `two-phase` but not in mode
+//! `fenced`.
 
 mod common;
 
@@ -44,14 +46,11 @@ fn execute(url: &str, sql: &str) {
     });
 }
 
-/// A testkit server with `max_prepared_transactions = 0`, as on many managed
-/// services (an external `EXACTLY_DATABASE_URL` server is used as it is).
+/// A server of this test's own (whatever `EXACTLY_DATABASE_URL` says: a test
+/// never reconfigures an external server) with `max_prepared_transactions =
+/// 0`, as on many managed services.
 fn server_without_prepared_transactions() -> PostgresServer {
-    let mut pg = PostgresServer::start().expect("starting PostgreSQL");
-    if pg.is_external() {
-        eprintln!("EXACTLY_DATABASE_URL is set: running on it without changing max_prepared_transactions");
-        return pg;
-    }
+    let mut pg = PostgresServer::start_own().expect("starting PostgreSQL");
     execute(pg.url(), "ALTER SYSTEM SET max_prepared_transactions = 0");
     pg.restart().expect("restarting PostgreSQL");
     let setting: String = with_client(pg.url(), async |db| {
@@ -64,13 +63,16 @@ fn server_without_prepared_transactions() -> PostgresServer {
     pg
 }
 
-/// A table and pipeline name no earlier run against the same server used.
+/// A table and pipeline name no other test, or earlier run against the same
+/// server, used.
 fn fresh_name(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    format!("{prefix}_{}_{nanos:08x}", std::process::id())
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}_{}_{n}_{nanos:08x}", std::process::id())
 }
 
 /// `[sink.postgres]` for `table` in `mode`: the record's coordinates and value.

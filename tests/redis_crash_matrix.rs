@@ -1,4 +1,5 @@
-//! The crash matrix over the Redis sink (real `redis-server` from the test kit):
+//! The crash matrix over the Redis sink (real `redis-server` from the test kit,
+//! or `EXACTLY_REDIS_URL`; every test uses keys and a pipeline of its own):
 //! counters through the position fence and upserts through the replay-safe and
 //! write-ahead strategies end in exactly-once state after SIGKILLs at every
 //! phase; the same counters without the fence over-count (negative control).
@@ -18,29 +19,49 @@ fn connection(url: &str) -> redis::Connection {
     redis::Client::open(url).unwrap().get_connection().unwrap()
 }
 
-fn counts(url: &str) -> HashMap<String, i64> {
-    redis::cmd("HGETALL").arg("counts").query(&mut connection(url)).unwrap()
+/// A pipeline or key name no other test, or earlier run against the same
+/// (external) server, uses: the tests of this file run at the same time, and
+/// a shared `EXACTLY_REDIS_URL` server keeps what earlier runs wrote (fence
+/// positions included, keyed by pipeline name).
+fn unique(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}-{}-{n}-{nanos:x}", std::process::id())
 }
 
-const COUNTER: &str = "command = \"hincrby\"\nkey = \"=counts\"\nfield = \"split\"";
+/// The `hincrby` sink body counting records per split into hash `key`.
+fn counter(key: &str) -> String {
+    format!("command = \"hincrby\"\nkey = \"={key}\"\nfield = \"split\"")
+}
 
-fn crashed_counters(points: &[&str], sink_body: &str) -> (RedisServer, HashMap<String, i64>) {
+/// Runs the counting pipeline (sink body `counter(key)` plus `extra`)
+/// through the crashes and returns the counts it left.
+fn crashed_counters(points: &[&str], extra: &str) -> (RedisServer, HashMap<String, i64>) {
     let redis = RedisServer::start().expect("starting redis-server");
     let dir = tempfile::tempdir().unwrap();
+    let name = unique("redis-counters");
+    let key = format!("{name}:counts");
     let config = write_config(
         dir.path(),
-        "redis-counters",
+        &name,
         "exactly-once",
         2,
-        &redis_section(redis.url(), sink_body),
+        &redis_section(redis.url(), &format!("{}\n{extra}", counter(&key))),
     );
     crash_then_finish(&config, points);
-    let c = counts(redis.url());
+    let c = redis::cmd("HGETALL")
+        .arg(&key)
+        .query(&mut connection(redis.url()))
+        .unwrap();
     (redis, c)
 }
 
 fn assert_exact_counts(points: &[&str]) {
-    let (_redis, counts) = crashed_counters(points, COUNTER);
+    let (_redis, counts) = crashed_counters(points, "");
     assert_eq!(counts.len(), SPLITS, "{counts:?}");
     for (split, n) in &counts {
         assert_eq!(
@@ -72,8 +93,8 @@ fn fenced_counters_are_exact_after_kill_during_recovery() {
 
 #[test]
 fn counters_without_the_fence_over_count() {
-    let body = format!("{COUNTER}\nstrategy = \"replay-safe\"\nallow_duplicate_effects = true");
-    let (_redis, counts) = crashed_counters(&["sink.after_pre_commit:3", "source.after_emit:60"], &body);
+    let extra = "strategy = \"replay-safe\"\nallow_duplicate_effects = true";
+    let (_redis, counts) = crashed_counters(&["sink.after_pre_commit:3", "source.after_emit:60"], extra);
     let total: i64 = counts.values().sum();
     assert!(
         total > TOTAL as i64,
@@ -84,19 +105,20 @@ fn counters_without_the_fence_over_count() {
 fn upserts(strategy: &str, points: &[&str]) {
     let redis = RedisServer::start().expect("starting redis-server");
     let dir = tempfile::tempdir().unwrap();
-    let body = format!("command = \"set\"\nkey = \"value\"\nkey_prefix = \"v:\"\nvalue = \"offset\"\nstrategy = \"{strategy}\"\nspill_dir = \"spill\"");
-    let config = write_config(
-        dir.path(),
-        "redis-upserts",
-        "exactly-once",
-        2,
-        &redis_section(redis.url(), &body),
+    let name = unique("redis-upserts");
+    let body = format!(
+        "command = \"set\"\nkey = \"value\"\nkey_prefix = \"{name}:\"\nvalue = \"offset\"\n\
+         strategy = \"{strategy}\"\nspill_dir = \"spill\""
     );
+    let config = write_config(dir.path(), &name, "exactly-once", 2, &redis_section(redis.url(), &body));
     crash_then_finish(&config, points);
     let mut con = connection(redis.url());
-    let keys: Vec<String> = redis::cmd("KEYS").arg("v:*").query(&mut con).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{name}:*")).query(&mut con).unwrap();
     assert_eq!(keys.len(), TOTAL, "{strategy}: every record upserted once");
-    let sample: String = redis::cmd("GET").arg("v:seq-3:1499").query(&mut con).unwrap();
+    let sample: String = redis::cmd("GET")
+        .arg(format!("{name}:seq-3:1499"))
+        .query(&mut con)
+        .unwrap();
     assert_eq!(sample, "1499");
 }
 

@@ -1,6 +1,6 @@
-//! Tests that stop, restart and reconfigure their own PostgreSQL server.
-//! Skipped when `EXACTLY_DATABASE_URL` points at an external server, which
-//! the testkit cannot restart.
+//! Tests that stop, restart and reconfigure (`ALTER SYSTEM`) a PostgreSQL
+//! server: always one of their own, even when `EXACTLY_DATABASE_URL` names
+//! an external server (whose settings a test must never change).
 
 mod common;
 
@@ -9,20 +9,16 @@ use exactly_core::{CheckpointId, ConnectorError, Record, SinkFactory, TwoPhaseCo
 use exactly_postgres::PostgresSinkFactory;
 use exactly_testkit::PostgresServer;
 
-/// A server of this test's own, or `None` (skip) when `EXACTLY_DATABASE_URL`
-/// names an external one.
-fn own_server() -> Option<PostgresServer> {
-    let pg = PostgresServer::start().expect("start PostgreSQL");
-    if pg.is_external() {
-        eprintln!("skipped: EXACTLY_DATABASE_URL is set and the testkit cannot restart an external server");
-        return None;
-    }
-    Some(pg)
+/// A server of this test's own, whatever `EXACTLY_DATABASE_URL` says.
+fn own_server() -> PostgresServer {
+    let pg = PostgresServer::start_own().expect("start PostgreSQL");
+    assert!(!pg.is_external(), "start_own never uses EXACTLY_DATABASE_URL: {pg:?}");
+    pg
 }
 
 #[tokio::test]
 async fn prepared_transactions_survive_an_outage_and_max_prepared_transactions_zero_is_named() {
-    let Some(mut pg) = own_server() else { return };
+    let mut pg = own_server();
     let url = pg.url().to_string();
     let table = unique("people");
     let config = config(
@@ -88,7 +84,7 @@ async fn prepared_transactions_survive_an_outage_and_max_prepared_transactions_z
 
 #[tokio::test]
 async fn modes_upsert_and_fenced_work_with_max_prepared_transactions_zero() {
-    let Some(mut pg) = own_server() else { return };
+    let mut pg = own_server();
     let url = pg.url().to_string();
     client(&url)
         .await

@@ -1,5 +1,6 @@
 //! The PostgreSQL sink against a real PostgreSQL (exactly-testkit, or
-//! `EXACTLY_DATABASE_URL`).
+//! `EXACTLY_DATABASE_URL`; tests that create roles use a server of their
+//! own). Every test writes tables and a pipeline of unique names.
 
 mod common;
 
@@ -596,11 +597,9 @@ async fn long_names_get_a_shortened_gid_that_the_server_accepts_and_recovery_fin
 
 #[tokio::test]
 async fn missing_privileges_are_fatal_errors_naming_the_grant() {
-    let f = Fixture::new("guarded", ID_NAME).await;
-    if f.pg.is_external() {
-        eprintln!("skipped: needs a testkit server (trust authentication) to log in as a new role");
-        return;
-    }
+    // A role that logs in without a password needs the testkit's trust
+    // authentication, and no role may be left on an external server.
+    let f = Fixture::own("guarded", ID_NAME).await;
     let role = unique("limited");
     let mut config = f.config.clone();
     config.commit_log_table = Some(unique("log"));
@@ -714,7 +713,8 @@ async fn a_row_the_server_refuses_fails_the_transaction_and_leaves_nothing() {
 /// not cancel the COPY that stays open across the writes of a transaction.
 #[tokio::test]
 async fn a_short_statement_timeout_does_not_cancel_the_open_copy() {
-    let f = Fixture::new("timeout", ID_NAME).await;
+    // A new superuser role without a password: on a server of its own.
+    let f = Fixture::own("timeout", ID_NAME).await;
     let role = unique("short_timeout");
     f.db.batch_execute(&format!(
         "CREATE ROLE \"{role}\" LOGIN SUPERUSER; ALTER ROLE \"{role}\" SET statement_timeout = '200ms'"

@@ -18,6 +18,16 @@ fn factory(url: &str, body: &str) -> RedisSinkFactory {
     RedisSinkFactory::new(config).unwrap()
 }
 
+/// A name no other test, or earlier run against the same (external) server,
+/// uses: `prefix`, the process id and the clock's nanoseconds.
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
 fn connection(url: &str) -> redis::Connection {
     redis::Client::open(url).unwrap().get_connection().unwrap()
 }
@@ -75,13 +85,17 @@ async fn a_redis_restart_mid_run_is_retried_and_the_counts_stay_exact() {
 #[tokio::test]
 async fn records_without_a_key_are_counted_dead_letters_once() {
     let redis = RedisServer::start().expect("starting redis-server");
+    // Names of this run only: an external server keeps earlier runs' keys
+    // (and their fence would skip this run's records).
+    let pipeline = unique("dlq");
+    let prefix = format!("{}:", unique("n"));
     let f = factory(
         redis.url(),
-        "command = \"incrby\"\nkey = \"/customer\"\nkey_prefix = \"n:\"",
+        &format!("command = \"incrby\"\nkey = \"/customer\"\nkey_prefix = \"{prefix}\""),
     );
     let sink_factory = f.into_sink_factory();
     let context = SinkContext {
-        pipeline: "dlq".into(),
+        pipeline: pipeline.clone(),
         subtask: 0,
         parallelism: 1,
         metrics: Arc::default(),
@@ -102,10 +116,10 @@ async fn records_without_a_key_are_counted_dead_letters_once() {
         assert_eq!(metrics.snapshot().dead_letters, 2, "attempt {attempt}");
     }
     let mut con = connection(redis.url());
-    let n: i64 = redis::cmd("GET").arg("n:a").query(&mut con).unwrap();
+    let n: i64 = redis::cmd("GET").arg(format!("{prefix}a")).query(&mut con).unwrap();
     assert_eq!(n, 2);
     let dead: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg("exactly:dead-letters:dlq")
+        .arg(format!("exactly:dead-letters:{pipeline}"))
         .query(&mut con)
         .unwrap();
     assert_eq!(dead.len(), 2);

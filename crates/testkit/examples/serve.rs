@@ -1,12 +1,15 @@
-//! Starts real services and prints their addresses as environment variable
-//! assignments, then keeps them running until Enter (or end of input).
+//! Starts real services of its own (whatever the `EXACTLY_*` variables say)
+//! and prints their addresses as environment variable assignments, then
+//! keeps them running until Enter (or end of input).
 //!
 //! ```text
 //! cargo run -p exactly-testkit --example serve -- postgres redis kafka
 //! ```
 //!
-//! The printed lines can be exported in another shell so that tests and the
-//! demo use these services instead of starting their own.
+//! The printed lines can be exported in another shell so that tests use
+//! these services as external ones (`EXACTLY_DATABASE_URL`,
+//! `EXACTLY_REDIS_URL`, `EXACTLY_KAFKA_BOOTSTRAP`) instead of starting
+//! their own.
 
 use std::io::BufRead;
 
@@ -21,12 +24,12 @@ fn main() -> Result<(), TestkitError> {
     for name in &wanted {
         match name.as_str() {
             "postgres" => {
-                let pg = PostgresServer::start()?;
+                let pg = PostgresServer::start_own()?;
                 println!("EXACTLY_DATABASE_URL={}", pg.url());
                 keep.push(Box::new(pg));
             }
             "redis" => {
-                let redis = RedisServer::start()?;
+                let redis = RedisServer::start_own()?;
                 println!("EXACTLY_REDIS_URL={}", redis.url());
                 keep.push(Box::new(redis));
             }

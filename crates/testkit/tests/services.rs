@@ -1,6 +1,8 @@
 //! Starts every real service and proves it works, without client crates:
 //! `psql` for PostgreSQL, hand-written RESP for Redis and hand-encoded Kafka
-//! requests (ApiVersions, CreateTopics, Metadata) for the broker.
+//! requests (ApiVersions, CreateTopics, Metadata) for the broker. Tests that
+//! stop or restart a service start their own; the others run on the
+//! `EXACTLY_*` services when set, with names of their own.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -43,45 +45,61 @@ fn psql(url: &str, commands: &[&str]) -> Result<String, String> {
     }
 }
 
+/// A table, key or transaction name of this run only: an external server
+/// (`EXACTLY_DATABASE_URL`, `EXACTLY_REDIS_URL`) may be shared by other runs.
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}_{}_{nanos:x}", std::process::id())
+}
+
+/// `start()` gives whichever server the run names (an external one when
+/// `EXACTLY_DATABASE_URL` is set), and it must support two-phase commit.
 #[test]
-fn postgres_supports_prepared_transactions_and_cleans_up() {
+fn postgres_supports_prepared_transactions() {
     init_tracing();
     let pg = PostgresServer::start().expect("start PostgreSQL");
     let url = pg.url().to_string();
-    if !pg.is_external() {
-        assert_eq!(url, format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port()));
-    }
+    let max: u32 = psql(&url, &["SHOW max_prepared_transactions"])
+        .expect("SHOW")
+        .parse()
+        .expect("a number");
+    assert!(max > 0, "{pg:?} has max_prepared_transactions = 0");
 
-    let max = psql(&url, &["SHOW max_prepared_transactions"]).expect("SHOW");
-    if !pg.is_external() {
-        assert_eq!(max, "64");
-    }
-
+    let (table, gid) = (unique("testkit_2pc"), unique("testkit_g"));
     psql(
         &url,
         &[
-            "DROP TABLE IF EXISTS testkit_2pc",
             "BEGIN",
-            "CREATE TABLE testkit_2pc(x int)",
-            "INSERT INTO testkit_2pc VALUES (1)",
-            "PREPARE TRANSACTION 'testkit_g1'",
-            "COMMIT PREPARED 'testkit_g1'",
+            &format!("CREATE TABLE {table}(x int)"),
+            &format!("INSERT INTO {table} VALUES (1)"),
+            &format!("PREPARE TRANSACTION '{gid}'"),
         ],
     )
-    .expect("two-phase commit");
-    let rows = psql(&url, &["SELECT count(*) FROM testkit_2pc"]).expect("select");
-    assert_eq!(rows, "1");
-    let pending = psql(
-        &url,
-        &["SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'testkit_g1'"],
-    )
-    .expect("pg_prepared_xacts");
-    assert_eq!(pending, "0");
+    .expect("prepare");
+    let count = |sql: &str| psql(&url, &[sql]).expect(sql);
+    let pending = format!("SELECT count(*) FROM pg_prepared_xacts WHERE gid = '{gid}'");
+    assert_eq!(count(&pending), "1", "the prepared transaction is listed");
+    psql(&url, &[&format!("COMMIT PREPARED '{gid}'")]).expect("commit prepared");
+    assert_eq!(count(&format!("SELECT count(*) FROM {table}")), "1");
+    assert_eq!(count(&pending), "0");
+    psql(&url, &[&format!("DROP TABLE {table}")]).expect("clean up");
+}
 
-    if pg.is_external() {
-        psql(&url, &["DROP TABLE testkit_2pc"]).expect("clean up");
-        return;
-    }
+/// `start_own()` starts a cluster with the kit's settings even when
+/// `EXACTLY_DATABASE_URL` is set, and removes it on drop.
+#[test]
+fn an_own_postgres_cluster_has_the_kits_settings_and_is_removed_on_drop() {
+    init_tracing();
+    let pg = PostgresServer::start_own().expect("start PostgreSQL");
+    assert!(!pg.is_external(), "start_own never uses EXACTLY_DATABASE_URL");
+    let url = pg.url().to_string();
+    assert_eq!(url, format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port()));
+    let max = psql(&url, &["SHOW max_prepared_transactions"]).expect("SHOW");
+    assert_eq!(max, exactly_testkit::postgres::MAX_PREPARED_TRANSACTIONS.to_string());
+
     let port = pg.port();
     let Some(data_dir) = pg.data_dir().map(PathBuf::from) else {
         // A container keeps its data in a Docker volume, removed with it.
@@ -99,11 +117,7 @@ fn postgres_supports_prepared_transactions_and_cleans_up() {
 #[test]
 fn postgres_stop_and_restart_on_the_same_port() {
     init_tracing();
-    let mut pg = PostgresServer::start().expect("start PostgreSQL");
-    if pg.is_external() {
-        assert!(pg.stop().is_err(), "an external server cannot be stopped");
-        return;
-    }
+    let mut pg = PostgresServer::start_own().expect("start PostgreSQL");
     let url = pg.url().to_string();
     let port = pg.port();
     psql(&url, &["CREATE TABLE kept(x int)", "INSERT INTO kept VALUES (42)"]).expect("write before the outage");
@@ -156,11 +170,12 @@ fn redis_answers_ping_set_get() {
     if !redis.is_external() {
         assert_eq!(redis.url(), format!("redis://127.0.0.1:{}/", redis.port()));
     }
+    let (key, absent) = (unique("testkit:k"), unique("testkit:none"));
     let mut conn = connect(redis.port());
     assert_eq!(resp(&mut conn, &["PING"]), "+PONG\r\n");
-    assert_eq!(resp(&mut conn, &["SET", "testkit:k", "v1"]), "+OK\r\n");
-    assert_eq!(resp(&mut conn, &["GET", "testkit:k"]), "$2\r\nv1\r\n");
-    assert_eq!(resp(&mut conn, &["GET", "testkit:none"]), "$-1\r\n");
+    assert_eq!(resp(&mut conn, &["SET", &key, "v1", "EX", "60"]), "+OK\r\n");
+    assert_eq!(resp(&mut conn, &["GET", &key]), "$2\r\nv1\r\n");
+    assert_eq!(resp(&mut conn, &["GET", &absent]), "$-1\r\n");
     drop(conn);
 
     let (port, external) = (redis.port(), redis.is_external());
@@ -170,11 +185,8 @@ fn redis_answers_ping_set_get() {
 #[test]
 fn redis_stop_and_restart_on_the_same_port() {
     init_tracing();
-    let mut redis = RedisServer::start().expect("start Redis");
-    if redis.is_external() {
-        assert!(redis.restart().is_err(), "an external server cannot restart");
-        return;
-    }
+    let mut redis = RedisServer::start_own().expect("start Redis");
+    assert!(!redis.is_external(), "start_own never uses EXACTLY_REDIS_URL");
     let port = redis.port();
     redis.stop().expect("stop");
     assert!(!redis.is_running());
@@ -184,6 +196,99 @@ fn redis_stop_and_restart_on_the_same_port() {
     assert_eq!(redis.port(), port);
     let mut conn = connect(port);
     assert_eq!(resp(&mut conn, &["PING"]), "+PONG\r\n");
+}
+
+// ------------------------------------------------------- external services
+
+/// Set in the child process that [`external_servers_are_used_as_given_and_never_touched`]
+/// runs with the variables pointing at its servers.
+const CHILD_ENV: &str = "EXACTLY_TESTKIT_EXTERNAL_CHILD";
+
+/// With `EXACTLY_DATABASE_URL` and `EXACTLY_REDIS_URL` set, `start()` only
+/// carries those addresses: `stop`, `restart`, `freeze` and `thaw` are
+/// refused naming the variable, dropping the handle leaves the server
+/// running, and `start_own()` still starts a server of its own. The test
+/// starts two servers of its own, runs itself again in a child process with
+/// the variables naming them (the variables of a running test process must
+/// not change under its other tests), and checks both servers still answer.
+#[test]
+fn external_servers_are_used_as_given_and_never_touched() {
+    init_tracing();
+    if std::env::var_os(CHILD_ENV).is_some() {
+        as_child_with_external_servers();
+        return;
+    }
+    let pg = PostgresServer::start_own().expect("start PostgreSQL");
+    let redis = RedisServer::start_own().expect("start Redis");
+    let name = "external_servers_are_used_as_given_and_never_touched";
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("EXACTLY_DATABASE_URL", pg.url())
+        .env("EXACTLY_REDIS_URL", redis.url())
+        .output()
+        .expect("running the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "the child run failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert_eq!(psql(pg.url(), &["SELECT 1"]).expect("PostgreSQL still answers"), "1");
+    assert_eq!(resp(&mut connect(redis.port()), &["PING"]), "+PONG\r\n");
+}
+
+/// The child's half of [`external_servers_are_used_as_given_and_never_touched`].
+fn as_child_with_external_servers() {
+    let pg_url = std::env::var("EXACTLY_DATABASE_URL").expect("set by the parent");
+    let redis_url = std::env::var("EXACTLY_REDIS_URL").expect("set by the parent");
+
+    let mut pg = PostgresServer::start().expect("the external PostgreSQL");
+    assert!(pg.is_external() && pg.backend() == Backend::External, "{pg:?}");
+    assert_eq!(pg.url(), pg_url);
+    assert!(pg.log_path().is_none() && pg.data_dir().is_none());
+    for (action, result) in [
+        ("stop", pg.stop()),
+        ("restart", pg.restart()),
+        ("freeze", pg.freeze()),
+        ("thaw", pg.thaw()),
+    ] {
+        let message = result.expect_err(action).to_string();
+        assert!(
+            message.contains("EXACTLY_DATABASE_URL") && message.contains(action) && message.contains("start_own"),
+            "{message}"
+        );
+    }
+    assert!(pg.is_running());
+    assert_eq!(psql(pg.url(), &["SELECT 1"]).expect("still answers"), "1");
+    let port = pg.port();
+    drop(pg);
+    assert!(port_accepts(port), "dropping an external handle stopped the server");
+
+    let mut redis = RedisServer::start().expect("the external Redis");
+    assert!(redis.is_external() && redis.backend() == Backend::External, "{redis:?}");
+    assert_eq!(redis.url(), redis_url);
+    for (action, result) in [
+        ("stop", redis.stop()),
+        ("restart", redis.restart()),
+        ("freeze", redis.freeze()),
+        ("thaw", redis.thaw()),
+    ] {
+        let message = result.expect_err(action).to_string();
+        assert!(
+            message.contains("EXACTLY_REDIS_URL") && message.contains(action),
+            "{message}"
+        );
+    }
+    let port = redis.port();
+    drop(redis);
+    assert_eq!(resp(&mut connect(port), &["PING"]), "+PONG\r\n");
+
+    let own = PostgresServer::start_own().expect("start PostgreSQL");
+    assert!(!own.is_external() && own.url() != pg_url, "{own:?}");
+    let own = RedisServer::start_own().expect("start Redis");
+    assert!(!own.is_external() && own.url() != redis_url, "{own:?}");
 }
 
 // --------------------------------------------------------------------- Kafka

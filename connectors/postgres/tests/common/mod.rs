@@ -168,7 +168,7 @@ pub async fn column<T: for<'a> tokio_postgres::types::FromSql<'a>>(db: &Client, 
         .collect()
 }
 
-/// One test's world: the shared server, a checking client, a fresh table
+/// One test's world: a server (usually the shared one), a checking client, a fresh table
 /// and pipeline name, and the sink configuration for them.
 pub struct Fixture {
     pub pg: Arc<PostgresServer>,
@@ -181,7 +181,19 @@ pub struct Fixture {
 impl Fixture {
     /// `body` is the TOML after `url` and `table` (see [`config`]).
     pub async fn new(table_prefix: &str, body: &str) -> Fixture {
-        let pg = shared_server();
+        Self::on(shared_server(), table_prefix, body).await
+    }
+
+    /// Like [`new`](Self::new), on a server of the test's own (whatever
+    /// `EXACTLY_DATABASE_URL` says): for tests that create roles, which
+    /// must not be left on an external server, or that log in without a
+    /// password (the testkit's trust authentication).
+    pub async fn own(table_prefix: &str, body: &str) -> Fixture {
+        let pg = PostgresServer::start_own().expect("start PostgreSQL");
+        Self::on(Arc::new(pg), table_prefix, body).await
+    }
+
+    async fn on(pg: Arc<PostgresServer>, table_prefix: &str, body: &str) -> Fixture {
         let db = client(pg.url()).await;
         let table = unique(table_prefix);
         let config = config(pg.url(), &table, body);
