@@ -1,13 +1,19 @@
 //! [`WireClient`]: the calls exactly needs, each opening the connections it
 //! uses and closing them when done.
 
+use std::time::Duration;
+
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::{ApiKey, DescribeConfigsRequest};
 use kafka_protocol::protocol::{StrBytes, VersionRange};
 use kafka_protocol::ResponseError;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::{connect_any, metadata, transaction_coordinator};
+use crate::cluster::{
+    connect_any, metadata, transaction_coordinator, COORDINATOR_NOT_READY, FIRST_COORDINATOR_BACKOFF,
+    MAX_COORDINATOR_BACKOFF,
+};
 use crate::config::WireConfig;
 use crate::connection::{versions, KafkaConnection};
 use crate::error::WireError;
@@ -20,6 +26,8 @@ use crate::txn::{end_txn_on, EndTxnOutcome};
 const DESCRIBE_CONFIGS: VersionRange = versions(1, 4);
 /// DescribeConfigs resource type of a broker.
 const RESOURCE_BROKER: i8 = 4;
+/// Pause between two reads of [`WireClient::read_topic_settled`].
+const SETTLE_PAUSE: Duration = Duration::from_millis(100);
 
 /// A raw-protocol client for one Kafka cluster.
 ///
@@ -54,9 +62,11 @@ impl WireClient {
     }
 
     /// `HOST:PORT` of the transaction coordinator of `transactional_id`.
+    /// A coordinator that is not ready yet is asked again for up to
+    /// [`WireConfig::coordinator_wait`].
     pub async fn find_transaction_coordinator(&self, transactional_id: &str) -> Result<String, WireError> {
         let mut connection = self.connect().await?;
-        transaction_coordinator(&mut connection, transactional_id).await
+        transaction_coordinator(&mut connection, transactional_id, self.config.coordinator_wait).await
     }
 
     /// Commits (`commit = true`) or aborts the open transaction of
@@ -64,21 +74,27 @@ impl WireClient {
     /// without InitProducerId (which would abort it): FindCoordinator, then
     /// EndTxn on the coordinator.
     ///
-    /// The broker's verdict is the [`EndTxnOutcome`]; a coordinator that is
-    /// not ready yet (FindCoordinator answering COORDINATOR_NOT_AVAILABLE
-    /// or COORDINATOR_LOAD_IN_PROGRESS) is [`EndTxnOutcome::Retriable`] too.
-    /// `Err` means the question could not be asked (no broker reachable,
-    /// EndTxn not supported, ...).
+    /// The broker's verdict is the [`EndTxnOutcome`]. A coordinator that is
+    /// not ready (FindCoordinator or EndTxn answering
+    /// COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS or
+    /// NOT_COORDINATOR — a fresh cluster answers EndTxn with NOT_COORDINATOR
+    /// for a moment after FindCoordinator named the coordinator) is found and
+    /// asked again, with backoff, for up to [`WireConfig::coordinator_wait`];
+    /// if it is still not ready then, the outcome is
+    /// [`EndTxnOutcome::Retriable`], like CONCURRENT_TRANSACTIONS, which is
+    /// left to the caller. `Err` means the question could not be asked (no
+    /// broker reachable, EndTxn not supported, ...).
     ///
-    /// Committing twice with the same producer id and epoch is `Ok` both
-    /// times (Kafka and Nisshi agree), so a retry after a lost answer is
-    /// safe. Nisshi 0.7.0-pre.2 sends no error codes for EndTxn: where Kafka
-    /// answers PRODUCER_FENCED or INVALID_PRODUCER_ID_MAPPING it closes the
-    /// connection, which surfaces as [`WireError::Closed`] — and a retry
-    /// meets the same. Nisshi also never times out an open transaction,
-    /// whereas Kafka aborts it after the producer's
-    /// `transaction.timeout.ms` (bumping the epoch, so a later commit is
-    /// [`EndTxnOutcome::ProducerFenced`]).
+    /// `Ok` means the coordinator has written the decision to its
+    /// transaction log: the transaction can no longer end the other way.
+    /// Kafka answers before it writes the COMMIT (or ABORT) markers to the
+    /// transaction's partitions, so read_committed consumers see the records
+    /// a moment later (see [`read_topic_settled`](Self::read_topic_settled)).
+    /// While the markers are being written the same call answers
+    /// CONCURRENT_TRANSACTIONS (retriable), afterwards `Ok` again: a retry
+    /// after a lost answer is safe. Kafka aborts an open transaction after
+    /// the producer's `transaction.timeout.ms`, bumping the epoch, so a later
+    /// commit is [`EndTxnOutcome::ProducerFenced`].
     pub async fn end_txn(
         &self,
         transactional_id: &str,
@@ -86,8 +102,34 @@ impl WireClient {
         producer_epoch: i16,
         commit: bool,
     ) -> Result<EndTxnOutcome, WireError> {
+        let deadline = Instant::now() + self.config.coordinator_wait;
+        let mut backoff = FIRST_COORDINATOR_BACKOFF;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let outcome = self
+                .end_txn_once(transactional_id, producer_id, producer_epoch, commit, remaining)
+                .await?;
+            let moved = matches!(outcome, EndTxnOutcome::Retriable(error) if COORDINATOR_NOT_READY.contains(&error));
+            if !moved || Instant::now() + backoff > deadline {
+                return Ok(outcome);
+            }
+            debug!(%transactional_id, %outcome, ?backoff, "EndTxn: the coordinator is not ready; finding it again");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_COORDINATOR_BACKOFF);
+        }
+    }
+
+    /// FindCoordinator (asked again for up to `wait`), then one EndTxn.
+    async fn end_txn_once(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        wait: Duration,
+    ) -> Result<EndTxnOutcome, WireError> {
         let mut bootstrap = self.connect().await?;
-        let coordinator = match transaction_coordinator(&mut bootstrap, transactional_id).await {
+        let coordinator = match transaction_coordinator(&mut bootstrap, transactional_id, wait).await {
             Ok(coordinator) => coordinator,
             Err(error) => {
                 let outcome = error.broker_error().map(|e| EndTxnOutcome::from_code(e.code()));
@@ -107,12 +149,10 @@ impl WireClient {
 
     /// The value of the broker setting `key` (e.g.
     /// `transaction.max.timeout.ms`) as one broker of the cluster reports it
-    /// through DescribeConfigs. `None` when the broker does not offer
-    /// DescribeConfigs, answers with an error code for its own resource
-    /// (logged as a warning), does not know the key, or hides its value
-    /// (sensitive settings). Nisshi 0.7.0-pre.2 answers with no entries
-    /// (in-memory storage) or UNKNOWN_TOPIC_OR_PARTITION (SQLite storage):
-    /// `None` both times.
+    /// through DescribeConfigs, asked for that key alone. `None` when the
+    /// broker does not offer DescribeConfigs, answers with an error code for
+    /// its own resource (logged as a warning), does not know the key, or
+    /// hides its value (sensitive settings).
     pub async fn describe_broker_config(&self, key: &str) -> Result<Option<String>, WireError> {
         let mut connection = self.connect().await?;
         let cluster = metadata(&mut connection, None).await?;
@@ -141,17 +181,13 @@ impl WireClient {
         let resource = DescribeConfigsResource::default()
             .with_resource_type(RESOURCE_BROKER)
             .with_resource_name(StrBytes::from_string(node_id.to_string()))
-            // All keys: Nisshi 0.7.0-pre.2 cannot decode a list of keys
-            // (it drops the connection), and the list is short anyway.
-            .with_configuration_keys(None);
+            .with_configuration_keys(Some(vec![StrBytes::from_string(key.to_string())]));
         let request = DescribeConfigsRequest::default().with_resources(vec![resource]);
         let response = connection.request(version, &request).await?;
         let Some(result) = response.results.into_iter().next() else {
             return Ok(None);
         };
         if let Some(error) = ResponseError::try_from_code(result.error_code) {
-            // E.g. Nisshi 0.7.0-pre.2 with SQLite storage answers
-            // UNKNOWN_TOPIC_OR_PARTITION for a broker resource.
             let message = result.error_message.as_deref().unwrap_or_default();
             warn!(broker = %connection.addr(), node_id, %error, message, "the broker does not describe its configuration");
             return Ok(None);
@@ -179,5 +215,33 @@ impl WireClient {
     /// does not rely on the broker's list of aborted transactions.
     pub async fn read_topic(&self, topic: &str) -> Result<CommittedRead, WireError> {
         reader::read_topic(&self.config, topic).await
+    }
+
+    /// Like [`read_topic`](Self::read_topic), but reads `topic` again, after
+    /// a short pause, while the log still holds open transactions, for up to
+    /// `within`; returns the last read (whose
+    /// [`open_transactions`](CommittedRead::open_transactions) the caller
+    /// can check).
+    ///
+    /// A transaction that was just committed or aborted (by a producer's
+    /// `commit_transaction` or by [`end_txn`](Self::end_txn)) is decided, but
+    /// its markers reach the partitions a moment later; this waits for them.
+    /// A transaction left open by a producer that died stays open until the
+    /// broker aborts it (`transaction.timeout.ms`) or the producer's
+    /// transactional id is initialized again.
+    pub async fn read_topic_settled(&self, topic: &str, within: Duration) -> Result<CommittedRead, WireError> {
+        let deadline = Instant::now() + within;
+        loop {
+            let read = self.read_topic(topic).await?;
+            if read.open_transactions.is_empty() || Instant::now() + SETTLE_PAUSE > deadline {
+                return Ok(read);
+            }
+            debug!(
+                topic,
+                open = read.open_transactions.len(),
+                "open transactions; reading again"
+            );
+            tokio::time::sleep(SETTLE_PAUSE).await;
+        }
     }
 }

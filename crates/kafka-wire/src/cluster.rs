@@ -2,12 +2,15 @@
 //! address, partition leaders) and FindCoordinator.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
     ApiKey, BrokerId, FindCoordinatorRequest, MetadataRequest, MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::{StrBytes, VersionRange};
+use kafka_protocol::ResponseError;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::config::WireConfig;
@@ -121,14 +124,52 @@ fn format_address(host: &str, port: i32) -> String {
     }
 }
 
+/// FindCoordinator answers that say "not yet": the transaction log is being
+/// created (a fresh cluster creates it on the first transactional request),
+/// its partition is loading, or its leadership is moving.
+pub(crate) const COORDINATOR_NOT_READY: [ResponseError; 3] = [
+    ResponseError::CoordinatorNotAvailable,
+    ResponseError::CoordinatorLoadInProgress,
+    ResponseError::NotCoordinator,
+];
+/// First pause between FindCoordinator attempts; doubled up to
+/// [`MAX_COORDINATOR_BACKOFF`].
+pub(crate) const FIRST_COORDINATOR_BACKOFF: Duration = Duration::from_millis(50);
+pub(crate) const MAX_COORDINATOR_BACKOFF: Duration = Duration::from_secs(1);
+
 /// The address of the transaction coordinator of `transactional_id`, asked
 /// on `connection`: FindCoordinator (key type 1), then the node id is mapped
 /// to its address through Metadata (falling back to the address in the
 /// FindCoordinator answer for a node Metadata does not list).
+///
+/// A coordinator that is not ready yet ([`COORDINATOR_NOT_READY`]) is asked
+/// again with backoff for up to `wait`; after that its last answer is the
+/// error.
 pub(crate) async fn transaction_coordinator(
     connection: &mut KafkaConnection,
     transactional_id: &str,
+    wait: Duration,
 ) -> Result<String, WireError> {
+    let deadline = Instant::now() + wait;
+    let mut backoff = FIRST_COORDINATOR_BACKOFF;
+    let mut attempts = 1u32;
+    loop {
+        match find_coordinator_once(connection, transactional_id).await {
+            Err(WireError::Broker { error, .. })
+                if COORDINATOR_NOT_READY.contains(&error) && Instant::now() + backoff <= deadline =>
+            {
+                debug!(%transactional_id, %error, attempts, ?backoff, "transaction coordinator not ready; asking again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_COORDINATOR_BACKOFF);
+                attempts += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// One FindCoordinator for `transactional_id`, mapped to an address.
+async fn find_coordinator_once(connection: &mut KafkaConnection, transactional_id: &str) -> Result<String, WireError> {
     let api = ApiKey::FindCoordinator;
     let version = connection.version(api, FIND_COORDINATOR)?;
     let key = StrBytes::from_string(transactional_id.to_string());
@@ -168,7 +209,10 @@ pub(crate) async fn transaction_coordinator(
     };
     let context = format!(
         "transactional id `{transactional_id}`{}",
-        message.map(|m| format!(": {m}")).unwrap_or_default()
+        message
+            .filter(|m| !m.is_empty())
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default()
     );
     WireError::check(connection.addr(), api, code, Some(&context))?;
     let BrokerId(node_id) = node_id;

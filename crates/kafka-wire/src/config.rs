@@ -8,6 +8,9 @@ use crate::error::WireError;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long opening a TCP connection may take unless configured otherwise.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a call waits for a transaction coordinator that is not ready
+/// yet unless configured otherwise (see [`WireConfig::coordinator_wait`]).
+pub const DEFAULT_COORDINATOR_WAIT: Duration = Duration::from_secs(30);
 /// The client id sent with every request unless configured otherwise.
 pub const DEFAULT_CLIENT_ID: &str = "exactly-kafka-wire";
 
@@ -45,6 +48,12 @@ pub struct WireConfig {
     servers: Vec<String>,
     /// Client id and timeouts used for every connection.
     pub options: ConnectionOptions,
+    /// How long FindCoordinator is asked again, with backoff, while it
+    /// answers that the coordinator is not ready (COORDINATOR_NOT_AVAILABLE,
+    /// COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR): a fresh cluster
+    /// creates its transaction log on the first transactional request, and
+    /// a coordinator that moved loads its state first.
+    pub coordinator_wait: Duration,
 }
 
 impl WireConfig {
@@ -67,6 +76,7 @@ impl WireConfig {
             bootstrap: bootstrap.to_string(),
             servers,
             options: ConnectionOptions::default(),
+            coordinator_wait: DEFAULT_COORDINATOR_WAIT,
         })
     }
 

@@ -55,10 +55,9 @@ pub enum WireError {
         source: std::io::Error,
     },
 
-    /// The broker closed the connection instead of (completely) answering.
-    /// Besides a broker restart, this is how Nisshi 0.7.0-pre.2 reports a
-    /// failed request (e.g. EndTxn with a fenced epoch or an unknown
-    /// transactional id): it sends no error code, it hangs up.
+    /// The broker closed the connection instead of (completely) answering:
+    /// it is going down or restarting, or a proxy dropped the connection.
+    /// Nothing is known about the request's effect; retriable.
     #[error("Kafka broker {addr} closed the connection instead of answering {api:?}")]
     Closed {
         /// The broker address.

@@ -8,11 +8,13 @@
 //!   in, InitProducerId, aborts it. [`end_txn`] sends EndTxn straight to the
 //!   transaction coordinator with the producer id and epoch recorded at
 //!   pre-commit.
-//! - **Checking what read_committed consumers may see.** Some brokers write
-//!   COMMIT/ABORT markers but do not report aborted transactions in Fetch
-//!   answers, so consumers would deliver aborted records. [`read_committed`]
-//!   reads the raw log and applies the contract itself
-//!   ([`CommittedFilter`], testable without a broker).
+//! - **Checking what read_committed consumers may see, independently of
+//!   them.** A consumer trusts the broker's list of aborted transactions in
+//!   each Fetch answer and its last stable offset. [`read_committed`] reads
+//!   the raw log with read_uncommitted and applies the contract itself
+//!   ([`CommittedFilter`], testable without a broker), and also reports the
+//!   transactions still open and the records aborted: a second judge for
+//!   tests, which must agree with a plain read_committed consumer.
 //!
 //! Underneath is [`KafkaConnection`]: one plain TCP connection with
 //! correlation ids, length-prefixed framing, request/response header
@@ -48,7 +50,10 @@ pub mod records;
 mod txn;
 
 pub use client::WireClient;
-pub use config::{ConnectionOptions, WireConfig, DEFAULT_CLIENT_ID, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub use config::{
+    ConnectionOptions, WireConfig, DEFAULT_CLIENT_ID, DEFAULT_CONNECT_TIMEOUT, DEFAULT_COORDINATOR_WAIT,
+    DEFAULT_REQUEST_TIMEOUT,
+};
 pub use connection::KafkaConnection;
 pub use error::WireError;
 /// The `kafka-protocol` crate, whose message types [`KafkaConnection::request`] takes.

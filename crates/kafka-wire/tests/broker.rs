@@ -1,7 +1,9 @@
-//! exactly-kafka-wire against a real broker: Nisshi started by
-//! exactly-testkit, or the Kafka named by `EXACTLY_KAFKA_BOOTSTRAP`.
-//! Records are produced with librdkafka (rdkafka); the crash case runs the
-//! transactional producer in a child process killed with SIGKILL.
+//! exactly-kafka-wire against Apache Kafka: the broker exactly-testkit
+//! shares among the tests of this binary (or the Kafka named by
+//! `EXACTLY_KAFKA_BOOTSTRAP`), and brokers of their own for the tests that
+//! need a fresh cluster or a setting of their own. Records are produced with
+//! librdkafka (rdkafka); the crash cases run the transactional producer in a
+//! child process killed with SIGKILL.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -15,7 +17,7 @@ use exactly_kafka_wire::kafka_protocol::protocol::VersionRange;
 use exactly_kafka_wire::kafka_protocol::ResponseError;
 use exactly_kafka_wire::{
     describe_broker_config, end_txn, find_transaction_coordinator, read_committed, CommittedRead, CommittedRecord,
-    EndTxnOutcome, KafkaConnection, WireClient, WireError,
+    EndTxnOutcome, KafkaConnection, WireClient, WireConfig, WireError,
 };
 use exactly_testkit::KafkaBroker;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -28,6 +30,9 @@ use rdkafka::ClientContext;
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Environment variable that turns [`child_transactional_producer`] on.
 const CHILD_ENV: &str = "EXACTLY_WIRE_CHILD";
+/// How long a read waits for the markers of transactions that were just
+/// ended: Kafka answers EndTxn before it writes them.
+const SETTLE: Duration = Duration::from_secs(30);
 
 fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -42,16 +47,21 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
-/// A broker with a fresh topic.
+/// The shared broker.
+fn shared() -> &'static KafkaBroker {
+    init_tracing();
+    KafkaBroker::shared().expect("start the shared Kafka broker")
+}
+
+/// The shared broker with a fresh topic.
 struct Fixture {
-    broker: KafkaBroker,
+    broker: &'static KafkaBroker,
     topic: String,
 }
 
 impl Fixture {
     async fn new(name: &str, partitions: i32) -> Fixture {
-        init_tracing();
-        let broker = KafkaBroker::start().expect("start the Kafka broker");
+        let broker = shared();
         let topic = unique(name);
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", broker.bootstrap())
@@ -165,8 +175,7 @@ fn producer_identity(producer: &BaseProducer<StatsContext>) -> (i64, i16, serde_
 
 #[tokio::test]
 async fn connection_negotiates_versions() {
-    init_tracing();
-    let broker = KafkaBroker::start().unwrap();
+    let broker = shared();
     let mut connection = KafkaConnection::connect(broker.bootstrap()).await.unwrap();
     let apis: Vec<String> = connection
         .advertised_apis()
@@ -260,50 +269,52 @@ async fn read_committed_returns_plain_and_committed_records_only() {
     assert_eq!(read_committed(fixture.bootstrap(), topic).await.unwrap(), read.records);
 }
 
+/// A fresh cluster creates its transaction log on the first transactional
+/// request and answers COORDINATOR_NOT_AVAILABLE until it is there: the
+/// client asks again until the coordinator answers.
 #[tokio::test]
-async fn finds_the_transaction_coordinator() {
+async fn finds_the_transaction_coordinator_of_a_fresh_cluster() {
     init_tracing();
-    let broker = KafkaBroker::start().unwrap();
+    let broker = KafkaBroker::start().expect("start a fresh Kafka broker");
+    let mut impatient = WireConfig::new(broker.bootstrap()).unwrap();
+    impatient.coordinator_wait = Duration::ZERO;
+    let first = WireClient::with_config(impatient)
+        .find_transaction_coordinator(&unique("txn"))
+        .await;
+    assert!(
+        matches!(
+            first.as_ref().map_err(WireError::broker_error),
+            Err(Some(
+                ResponseError::CoordinatorNotAvailable | ResponseError::CoordinatorLoadInProgress
+            ))
+        ),
+        "a fresh cluster has no transaction coordinator yet, so a client that does not wait must fail: {first:?}"
+    );
     let coordinator = find_transaction_coordinator(broker.bootstrap(), &unique("txn"))
         .await
-        .unwrap();
-    if !broker.is_external() {
-        assert_eq!(coordinator, broker.bootstrap());
-    }
+        .expect("the coordinator, once the transaction log is there");
+    assert_eq!(coordinator, broker.bootstrap());
 }
 
-/// The broker's verdict on an EndTxn it must refuse: `Some(outcome)`, or
-/// `None` where the testkit's Nisshi (0.7.0-pre.2) hung up instead of
-/// answering with an error code — its way of refusing.
-fn refusal(broker: &KafkaBroker, result: Result<EndTxnOutcome, WireError>) -> Option<EndTxnOutcome> {
-    match result {
-        Ok(outcome) => {
-            assert_ne!(outcome, EndTxnOutcome::Ok, "EndTxn must be refused");
-            Some(outcome)
-        }
-        Err(WireError::Closed { .. }) if !broker.is_external() => {
-            println!("Nisshi closed the connection instead of answering EndTxn with an error code");
-            None
-        }
-        Err(error) => panic!("EndTxn failed: {error}"),
-    }
+/// On a fresh cluster, EndTxn waits for the coordinator too, and gets the
+/// broker's real verdict instead of a retriable "not available".
+#[tokio::test]
+async fn end_txn_on_a_fresh_cluster_gets_the_coordinators_verdict() {
+    init_tracing();
+    let broker = KafkaBroker::start().expect("start a fresh Kafka broker");
+    let outcome = end_txn(broker.bootstrap(), &unique("never-initialised"), 4242, 0, true)
+        .await
+        .expect("EndTxn");
+    assert_eq!(outcome, EndTxnOutcome::InvalidProducerIdMapping);
 }
 
 #[tokio::test]
 async fn end_txn_of_an_unknown_transactional_id_is_refused() {
-    init_tracing();
-    let broker = KafkaBroker::start().unwrap();
-    let result = end_txn(broker.bootstrap(), &unique("never-initialised"), 4242, 0, true).await;
-    println!("EndTxn for an unknown transactional id: {result:?}");
-    if let Some(outcome) = refusal(&broker, result) {
-        assert!(
-            matches!(
-                outcome,
-                EndTxnOutcome::InvalidProducerIdMapping | EndTxnOutcome::InvalidTxnState
-            ),
-            "{outcome:?}"
-        );
-    }
+    let broker = shared();
+    let outcome = end_txn(broker.bootstrap(), &unique("never-initialised"), 4242, 0, true)
+        .await
+        .expect("EndTxn");
+    assert_eq!(outcome, EndTxnOutcome::InvalidProducerIdMapping);
 }
 
 /// A librdkafka transactional producer in a child process of this test
@@ -417,6 +428,15 @@ impl Fixture {
             .await
             .unwrap()
     }
+
+    /// The topic once the markers of ended transactions are written.
+    async fn read_settled(&self) -> CommittedRead {
+        WireClient::new(self.bootstrap())
+            .unwrap()
+            .read_topic_settled(&self.topic, SETTLE)
+            .await
+            .unwrap()
+    }
 }
 
 #[tokio::test]
@@ -439,7 +459,9 @@ async fn end_txn_commits_the_transaction_of_a_killed_producer() {
     assert_eq!(open.producer_epoch, crashed.producer_epoch);
 
     assert_eq!(fixture.end_txn(&crashed, true).await.unwrap(), EndTxnOutcome::Ok);
-    let read = fixture.read().await;
+    // Kafka answers EndTxn once the decision is in its transaction log and
+    // writes the COMMIT marker afterwards.
+    let read = fixture.read_settled().await;
     assert_eq!(value_set(&read.records), set(&[&before, &pending]));
     assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
     let committed = read.records.iter().filter(|r| r.producer_id == crashed.producer_id);
@@ -456,7 +478,9 @@ async fn end_txn_commits_the_transaction_of_a_killed_producer() {
 
     // A retried commit (after a lost answer) succeeds again and changes nothing.
     assert_eq!(fixture.end_txn(&crashed, true).await.unwrap(), EndTxnOutcome::Ok);
-    assert_eq!(fixture.read().await.records, read.records);
+    let again = fixture.read().await;
+    assert_eq!(again.records, read.records);
+    assert_eq!(again.ended_transactions, read.ended_transactions, "no second marker");
 }
 
 #[tokio::test]
@@ -474,19 +498,9 @@ async fn end_txn_with_a_fenced_epoch_is_producer_fenced() {
         crashed.producer_id, crashed.producer_epoch
     );
 
-    let result = fixture.end_txn(&crashed, true).await;
-    println!("EndTxn with the fenced epoch: {result:?}");
-    if let Some(outcome) = refusal(&fixture.broker, result) {
-        use ResponseError::{InvalidProducerEpoch, ProducerFenced};
-        assert!(
-            matches!(
-                outcome,
-                EndTxnOutcome::ProducerFenced(ProducerFenced | InvalidProducerEpoch)
-            ),
-            "{outcome:?}"
-        );
-    }
-    let read = fixture.read().await;
+    let outcome = fixture.end_txn(&crashed, true).await.expect("EndTxn");
+    assert_eq!(outcome, EndTxnOutcome::ProducerFenced(ResponseError::ProducerFenced));
+    let read = fixture.read_settled().await;
     assert!(
         read.records.is_empty(),
         "the fenced transaction stays invisible: {:?}",
@@ -501,40 +515,37 @@ async fn end_txn_aborts_the_transaction_of_a_killed_producer() {
     let crashed = fixture.crashed_transaction(&pending);
 
     assert_eq!(fixture.end_txn(&crashed, false).await.unwrap(), EndTxnOutcome::Ok);
-    let read = fixture.read().await;
+    let read = fixture.read_settled().await;
     assert!(read.records.is_empty(), "{:?}", read.records);
     assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
     assert_eq!(read.aborted_records, pending.len());
 }
 
-/// `transaction.max.timeout.ms` as DescribeConfigs reports it, if it does.
-async fn transaction_max_timeout_ms(broker: &KafkaBroker) -> Option<u64> {
+#[tokio::test]
+async fn describe_broker_config_reads_the_key_asked_for() {
+    init_tracing();
+    let broker = KafkaBroker::builder()
+        .setting("transaction.max.timeout.ms", 123_456)
+        .start()
+        .expect("start a Kafka broker with its own transaction.max.timeout.ms");
     let value = describe_broker_config(broker.bootstrap(), "transaction.max.timeout.ms")
         .await
         .unwrap();
-    println!("transaction.max.timeout.ms = {value:?}");
-    value.map(|value| value.parse().expect("a number of milliseconds"))
-}
-
-#[tokio::test]
-async fn describe_broker_config_answers() {
-    init_tracing();
-    let broker = KafkaBroker::start().unwrap();
-    assert_ne!(transaction_max_timeout_ms(&broker).await, Some(0));
+    assert_eq!(value.as_deref(), Some("123456"));
     let unknown = describe_broker_config(broker.bootstrap(), "no.such.setting")
         .await
         .unwrap();
     assert_eq!(unknown, None);
 }
 
+/// The shared broker (the external one too) reports its limit.
 #[tokio::test]
-#[ignore = "Nisshi 0.7.0-pre.2 answers DescribeConfigs with no entries (and hangs up when keys are listed); \
-            run with EXACTLY_KAFKA_BOOTSTRAP=<real kafka>"]
 async fn describes_the_transaction_timeout_limit() {
-    init_tracing();
-    let broker = KafkaBroker::start().unwrap();
-    let millis = transaction_max_timeout_ms(&broker)
+    let broker = shared();
+    let value = describe_broker_config(broker.bootstrap(), "transaction.max.timeout.ms")
         .await
+        .unwrap()
         .expect("the broker reports transaction.max.timeout.ms");
+    let millis: u64 = value.parse().expect("a number of milliseconds");
     assert!(millis > 0);
 }
