@@ -107,7 +107,7 @@ impl KafkaAdmin {
     }
 
     /// Adds a librdkafka setting to every client this creates, e.g.
-    /// `("batch.num.messages", "1")` for one record per batch.
+    /// `("compression.type", "lz4")`.
     pub fn with_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.properties.insert(key.into(), value.into());
         self

@@ -92,13 +92,12 @@
 //! JSON pointer into a value that is not JSON or lacks the field) stops the
 //! pipeline with a fatal error naming the record: nothing is dropped silently.
 //!
-//! **Brokers.** Apache Kafka, and Nisshi 0.7.0-pre.2 with in-memory storage
-//! (what the tests use). Nisshi's SQLite storage is not fit for transactional
-//! producers: InitProducerId leaves a crashed producer's transaction open, a
-//! producer epoch cannot write a second transaction to a partition while an
-//! overlapping transaction is open (it hangs up on AddPartitionsToTxn), and
-//! with a fresh epoch per transaction instead, some commits that succeeded
-//! for librdkafka wrote no COMMIT marker.
+//! **Brokers.** Apache Kafka; the tests run against Apache Kafka 4.1.1 (a
+//! single KRaft node started by exactly-testkit, or the cluster named by
+//! `EXACTLY_KAFKA_BOOTSTRAP`). A Kafka-compatible broker must implement the
+//! transaction protocol as Kafka does (InitProducerId aborting an open
+//! transaction, EndTxn error codes, aborted transactions listed in
+//! read_committed Fetch answers), or exactly-once does not hold.
 
 pub mod admin;
 mod client;

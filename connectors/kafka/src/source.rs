@@ -729,45 +729,6 @@ mod tests {
         assert_eq!(progress.completed(CheckpointId(200)), Some(at(199)));
     }
 
-    /// Partition growth needs CreatePartitions, which Nisshi lacks: make the
-    /// source forget a partition instead, so discovery finds it "new".
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn discovery_assigns_unknown_partitions_from_their_beginning() {
-        let broker = exactly_testkit::KafkaBroker::start().expect("start the Kafka broker");
-        let admin = crate::admin::KafkaAdmin::new(broker.bootstrap());
-        let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().subsec_nanos();
-        let topic = format!("discover-{}-{nanos}", std::process::id());
-        admin.create_topic(&topic, 3).await.unwrap();
-        let records = (0..30).map(|i| crate::admin::ProduceRecord::new(format!("{i}")).to_partition(i % 3));
-        admin.produce(&topic, records).await.unwrap();
-
-        let mut config = KafkaSourceConfig::new(broker.bootstrap(), &topic);
-        config.partition_discovery_interval = Duration::from_millis(200);
-        let factory = KafkaSourceFactory::new("p", config).unwrap();
-        let mut source = factory.subtask(0, 1).unwrap();
-        source.restore(None).await.unwrap();
-        let consumer = source.consumer().unwrap();
-        consumer
-            .incremental_unassign(&partition_list(&topic, [(2, 0)]))
-            .unwrap();
-        source.known.remove(&2);
-        source.next.remove(&2);
-
-        let mut read = BTreeSet::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while read.len() < 30 {
-            assert!(Instant::now() < deadline, "read only {read:?}");
-            if let Poll::Records(batch) = source.poll(100).await.unwrap() {
-                for r in batch {
-                    assert!(read.insert((r.split, r.offset)), "read twice");
-                }
-            }
-        }
-        assert_eq!(factory.metrics().partitions_discovered, 1);
-        let expected: BTreeMap<String, i64> = (0..3).map(|p| (split_name(&topic, p), 10)).collect();
-        assert_eq!(source.position(CheckpointId(1)).0, expected);
-    }
-
     #[test]
     fn identity_and_ownership() {
         let f = KafkaSourceFactory::new("p", KafkaSourceConfig::new("127.0.0.1:1", "orders")).unwrap();

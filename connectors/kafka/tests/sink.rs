@@ -1,8 +1,9 @@
 //! The Kafka sink driven directly, subtask by subtask, the way the runtime
 //! drives it: against librdkafka's mock cluster (which checks producer id and
-//! epoch on EndTxn and can inject error answers) and against Nisshi (which
-//! commits and aborts for real). A "crash" is dropping a sink: nothing is
-//! committed or aborted on drop.
+//! epoch on EndTxn and can inject error answers) and against Apache Kafka
+//! (the broker exactly-testkit shares among the tests of this binary, or the
+//! one of `EXACTLY_KAFKA_BOOTSTRAP`), which commits and aborts for real. A
+//! "crash" is dropping a sink: nothing is committed or aborted on drop.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -264,16 +265,20 @@ async fn slots_rotate_over_a_fixed_set_of_ids() {
 }
 
 // ---------------------------------------------------------------------------
-// Nisshi: real commits and aborts, checked with the log-level reader
+// Apache Kafka: real commits and aborts, checked with the log-level reader
+
+/// How long a read waits for the markers of transactions that were just
+/// ended: Kafka writes them after it answers the commit or abort.
+const SETTLE: Duration = Duration::from_secs(30);
 
 struct Broker {
-    kafka: KafkaBroker,
+    kafka: &'static KafkaBroker,
     topic: String,
 }
 
 async fn broker() -> Broker {
     init_tracing();
-    let kafka = KafkaBroker::start().expect("start the Kafka broker");
+    let kafka = KafkaBroker::shared().expect("start the shared Kafka broker");
     let topic = unique("sink-out");
     exactly_kafka::admin::KafkaAdmin::new(kafka.bootstrap())
         .create_topic(&topic, 2)
@@ -290,10 +295,20 @@ impl Broker {
         })
     }
 
+    /// The topic as it is now.
     async fn read(&self) -> CommittedRead {
         WireClient::new(self.kafka.bootstrap())
             .unwrap()
             .read_topic(&self.topic)
+            .await
+            .expect("read the topic")
+    }
+
+    /// The topic once the markers of ended transactions are written.
+    async fn read_settled(&self) -> CommittedRead {
+        WireClient::new(self.kafka.bootstrap())
+            .unwrap()
+            .read_topic_settled(&self.topic, SETTLE)
             .await
             .expect("read the topic")
     }
@@ -334,7 +349,7 @@ async fn recovery_commits_what_the_checkpoint_lists_and_aborts_the_rest() {
     assert!(!read.open_transactions.is_empty());
 
     recover(&factory, std::slice::from_ref(&listed)).await.expect("recover");
-    let read = broker.read().await;
+    let read = broker.read_settled().await;
     assert_eq!(values(&read), expected(0..10));
     assert_eq!(read.aborted_records, 10, "the unlisted transaction is aborted");
     assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
@@ -348,19 +363,19 @@ async fn recovery_commits_what_the_checkpoint_lists_and_aborts_the_rest() {
         .recover(&[listed])
         .await
         .expect("a second recovery from the same checkpoint");
-    assert_eq!(values(&broker.read().await), expected(0..10), "no duplicates");
+    assert_eq!(values(&broker.read_settled().await), expected(0..10), "no duplicates");
 
     let next = pre_committed(&mut again, 3, 20..30).await;
     again.commit(&next).await.expect("commit");
     again.commit(&next).await.expect("a repeated commit is a no-op");
-    assert_eq!(values(&broker.read().await), expected((0..10).chain(20..30)));
+    assert_eq!(values(&broker.read_settled().await), expected((0..10).chain(20..30)));
     let metrics = factory.metrics();
     assert_eq!((metrics.committed, metrics.committed_by_end_txn), (1, 2));
 }
 
 /// A pre-committed transaction whose id another producer initialized is
-/// gone: Nisshi hangs up on its EndTxn, which the sink reports as data loss
-/// naming the id and the checkpoint — or counts with `warn`.
+/// gone: Kafka refuses its EndTxn (PRODUCER_FENCED), which the sink reports
+/// as data loss naming the id and the checkpoint — or counts with `warn`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_transaction_is_reported_as_lost() {
     let broker = broker().await;
@@ -375,12 +390,17 @@ async fn a_fenced_transaction_is_reported_as_lost() {
     let c = committable(&value);
     assert_eq!(checkpoint, CheckpointId(5));
     assert!(
-        message.contains(&c.transactional_id) && message.contains("data of checkpoint 5 (4 records"),
+        message.contains(&c.transactional_id)
+            && message.contains("ProducerFenced")
+            && message.contains("data of checkpoint 5 (4 records"),
         "{message}"
     );
 
     let warn = broker.factory(&prefix, |config| config.on_lost_transaction = OnLostTransaction::Warn);
     recover(&warn, &[value]).await.expect("warn goes on");
     assert_eq!(warn.metrics().lost_transactions, 1);
-    assert!(broker.read().await.records.is_empty());
+    let read = broker.read_settled().await;
+    assert!(read.records.is_empty(), "{:?}", values(&read));
+    assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
+    assert_eq!(read.aborted_records, 4, "the fenced transaction was aborted");
 }

@@ -1,5 +1,7 @@
-//! The Kafka source against a real broker: Nisshi started by exactly-testkit,
-//! or the Kafka named by `EXACTLY_KAFKA_BOOTSTRAP`.
+//! The Kafka source against Apache Kafka: the broker exactly-testkit shares
+//! among the tests of this binary (or the Kafka named by
+//! `EXACTLY_KAFKA_BOOTSTRAP`); the outage test stops and restarts a broker of
+//! its own.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -32,49 +34,65 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
+/// The shared broker, or one of the test's own.
+enum Broker {
+    Shared(&'static KafkaBroker),
+    Own(Box<KafkaBroker>),
+}
+
+impl Broker {
+    fn get(&self) -> &KafkaBroker {
+        match self {
+            Broker::Shared(broker) => broker,
+            Broker::Own(broker) => broker,
+        }
+    }
+}
+
 /// A broker with a fresh topic of `partitions` partitions.
 struct Fixture {
-    broker: KafkaBroker,
+    broker: Broker,
     admin: KafkaAdmin,
     topic: String,
-    /// Storage of a persistent broker.
-    _dir: Option<tempfile::TempDir>,
 }
 
 impl Fixture {
-    /// On an in-memory broker.
+    /// On the shared broker.
     async fn new(name: &str, partitions: i32) -> Fixture {
         init_tracing();
-        let broker = KafkaBroker::start().expect("start the Kafka broker");
-        Self::on(broker, None, name, partitions).await
+        let broker = KafkaBroker::shared().expect("start the shared Kafka broker");
+        Self::on(Broker::Shared(broker), name, partitions).await
     }
 
-    /// On a broker with SQLite storage: it survives restarts, and unlike the
-    /// in-memory storage of Nisshi 0.7.0-pre.2 it answers ListOffsets for
-    /// "latest" and for timestamps per record (the in-memory one answers per
-    /// stored batch).
-    async fn persistent(name: &str, partitions: i32) -> Fixture {
+    /// On a broker of the test's own, which it may stop and restart.
+    async fn own(name: &str, partitions: i32) -> Fixture {
         init_tracing();
-        let dir = tempfile::tempdir().unwrap();
-        let broker = KafkaBroker::start_persistent(dir.path()).expect("start a persistent broker");
-        Self::on(broker, Some(dir), name, partitions).await
+        let broker = KafkaBroker::start().expect("start a Kafka broker");
+        Self::on(Broker::Own(Box::new(broker)), name, partitions).await
     }
 
-    async fn on(broker: KafkaBroker, dir: Option<tempfile::TempDir>, name: &str, partitions: i32) -> Fixture {
-        let admin = KafkaAdmin::new(broker.bootstrap());
+    async fn on(broker: Broker, name: &str, partitions: i32) -> Fixture {
+        let admin = KafkaAdmin::new(broker.get().bootstrap());
         let topic = unique(name);
         admin.create_topic(&topic, partitions).await.expect("create topic");
-        Fixture {
-            broker,
-            admin,
-            topic,
-            _dir: dir,
+        Fixture { broker, admin, topic }
+    }
+
+    fn bootstrap(&self) -> &str {
+        self.broker.get().bootstrap()
+    }
+
+    /// The broker of the test's own.
+    fn own_broker(&mut self) -> &mut KafkaBroker {
+        match &mut self.broker {
+            Broker::Own(broker) => broker,
+            Broker::Shared(_) => panic!("the shared broker cannot be stopped or restarted; use Fixture::own"),
         }
     }
 
     /// A source of this topic with short test timings, edited by `edit`.
     fn factory(&self, edit: impl FnOnce(&mut KafkaSourceConfig)) -> KafkaSourceFactory {
-        let mut config = KafkaSourceConfig::new(self.broker.bootstrap(), &self.topic);
+        let mut config = KafkaSourceConfig::new(self.bootstrap(), &self.topic);
         config.startup_timeout = Duration::from_secs(10);
         config.partition_discovery_interval = Duration::from_millis(200);
         edit(&mut config);
@@ -274,7 +292,7 @@ async fn restored_subtasks_continue_exactly_where_the_position_was_taken() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore() {
-    let fx = Fixture::persistent("latest", 2).await;
+    let fx = Fixture::new("latest", 2).await;
     let old = fx.produce(0..20, 2).await;
     let factory = fx.factory(|c| c.start = StartPosition::Latest);
     let mut sources = subtasks(&factory, 1, None).await;
@@ -291,7 +309,7 @@ async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timestamp_start_skips_older_records() {
-    let fx = Fixture::persistent("timestamp", 3).await;
+    let fx = Fixture::new("timestamp", 3).await;
     let base = 1_700_000_000_000i64;
     let records = (0..30).map(|i| {
         ProduceRecord::new(format!("v-{i}"))
@@ -307,7 +325,6 @@ async fn timestamp_start_skips_older_records() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "Nisshi 0.7.0-pre.2 has no CreatePartitions; run against real Kafka: EXACTLY_KAFKA_BOOTSTRAP=HOST:PORT cargo test -p exactly-kafka -- --include-ignored"]
 async fn partitions_added_later_are_read_from_their_beginning() {
     let fx = Fixture::new("grow", 2).await;
     fx.produce(0..10, 2).await;
@@ -331,7 +348,6 @@ async fn partitions_added_later_are_read_from_their_beginning() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "Nisshi 0.7.0-pre.2 has no CreatePartitions; run against real Kafka: EXACTLY_KAFKA_BOOTSTRAP=HOST:PORT cargo test -p exactly-kafka -- --include-ignored"]
 async fn a_partition_created_after_the_checkpoint_is_read_from_its_beginning_on_restore() {
     let fx = Fixture::new("grow-restore", 1).await;
     fx.produce(0..5, 1).await;
@@ -384,24 +400,20 @@ async fn checkpointed_offsets_are_committed_to_the_group_and_start_group_uses_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_source_rides_out_a_broker_restart() {
-    let mut fx = Fixture::persistent("outage", 3).await;
-    if fx.broker.is_external() {
-        eprintln!("skipped: the external Kafka of EXACTLY_KAFKA_BOOTSTRAP cannot be restarted by the test");
-        return;
-    }
+    let mut fx = Fixture::own("outage", 3).await;
     fx.produce(0..60, 3).await;
     let factory = fx.factory(|_| {});
     let mut sources = subtasks(&factory, 2, None).await;
     let mut records = read_at_least(&mut sources, 20, 5).await;
 
-    fx.broker.stop().expect("stop the broker");
+    fx.own_broker().stop().expect("stop the broker");
     let outage = Instant::now() + Duration::from_secs(3);
     while Instant::now() < outage {
         // Not an error: librdkafka reconnects by itself.
         poll_all(&mut sources, 5, &mut records).await;
     }
     assert!(factory.metrics().transient_errors > 0, "the outage was not counted");
-    fx.broker.restart().expect("restart the broker");
+    fx.own_broker().restart().expect("restart the broker");
 
     fx.produce(60..100, 3).await;
     let got = records.len();
@@ -496,7 +508,7 @@ async fn an_unreachable_bootstrap_is_a_clear_transient_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_is_a_fatal_error_naming_it() {
     init_tracing();
-    let broker = KafkaBroker::start().expect("start the Kafka broker");
+    let broker = KafkaBroker::shared().expect("start the shared Kafka broker");
     let topic = unique("missing");
     let mut config = KafkaSourceConfig::new(broker.bootstrap(), &topic);
     config.startup_timeout = Duration::from_secs(2);
