@@ -1,17 +1,20 @@
 //! Kafka → Kafka end to end, through the `exactly` binary and a pipeline file:
 //! `[source.kafka]` reads an input topic, `[sink.kafka]` writes an output topic
 //! in transactions, and the run is killed with SIGKILL at every phase of the
-//! two-phase commit. The output is checked with the log-level committed reader
-//! (`exactly_kafka::wire`, which is `exactly_kafka_wire`): Nisshi writes
-//! COMMIT/ABORT markers but does not hide aborted records from read_committed
-//! consumers, so a plain consumer cannot be the judge there. Against a real Kafka
-//! (`EXACTLY_KAFKA_BOOTSTRAP`, the `#[ignore]`d tests) a plain read_committed
-//! consumer must agree.
+//! two-phase commit. The broker is the one exactly-testkit shares among the
+//! tests of this binary (or the Kafka of `EXACTLY_KAFKA_BOOTSTRAP`): only
+//! pipelines are killed here, never the broker.
+//!
+//! The output is read twice, by a plain read_committed consumer (librdkafka)
+//! and by the log-level committed reader (`exactly_kafka::wire`), which
+//! applies the read_committed contract to the raw log itself; both must
+//! return the same records before exactly-once is checked on them.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::*;
@@ -21,8 +24,9 @@ use exactly_testkit::KafkaBroker;
 
 const PARTITIONS: i32 = 4;
 const RECORDS: usize = 20_000;
-const REAL_KAFKA: &str =
-    "needs a real Apache Kafka: set EXACTLY_KAFKA_BOOTSTRAP=host:port and run cargo test --test kafka_kafka -- --ignored";
+/// How long a read waits for the markers of the last committed (or aborted)
+/// transactions: Kafka writes them after it answers the commit.
+const SETTLE: Duration = Duration::from_secs(30);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -31,21 +35,12 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// A broker with an input topic of [`RECORDS`] records `v-<i>` (key `k-<i>`).
-///
-/// The broker is Nisshi with in-memory storage (or the Kafka of
-/// `EXACTLY_KAFKA_BOOTSTRAP`). Its SQLite storage is unusable for
-/// transactional sinks: InitProducerId leaves the transaction of a crashed
-/// producer open, a producer epoch cannot write a second transaction to a
-/// partition while an overlapping transaction of another producer is open
-/// (it hangs up on AddPartitionsToTxn), and with a fresh epoch per
-/// transaction instead, some commits that succeeded for librdkafka wrote no
-/// COMMIT marker. The in-memory storage does none of that; it answers
-/// ListOffsets(latest) with the base offset of the partition's last batch
-/// plus one, so the input is produced one record per batch, which makes that
-/// the real end for `stop_at_end`.
+/// The shared broker and the input topic every test copies: [`RECORDS`]
+/// records `v-<i>` (key `k-<i>`), record `i` in partition `i % PARTITIONS`.
+/// Produced once per test binary; each test writes an output topic of its
+/// own.
 struct Setup {
-    kafka: KafkaBroker,
+    kafka: &'static KafkaBroker,
     input: String,
 }
 
@@ -55,23 +50,26 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
-fn setup(name: &str) -> Setup {
-    let kafka = KafkaBroker::start().expect("starting the Kafka broker");
-    let input = unique(&format!("{name}-in"));
-    runtime().block_on(async {
-        let admin = KafkaAdmin::new(kafka.bootstrap()).with_property("batch.num.messages", "1");
-        admin
-            .create_topic(&input, PARTITIONS)
-            .await
-            .expect("creating the input topic");
-        let records = (0..RECORDS).map(|i| {
-            ProduceRecord::new(format!("v-{i}"))
-                .with_key(format!("k-{i}"))
-                .to_partition(i as i32 % PARTITIONS)
+fn setup() -> &'static Setup {
+    static SETUP: OnceLock<Setup> = OnceLock::new();
+    SETUP.get_or_init(|| {
+        let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+        let input = unique("kafka-kafka-in");
+        runtime().block_on(async {
+            let admin = KafkaAdmin::new(kafka.bootstrap());
+            admin
+                .create_topic(&input, PARTITIONS)
+                .await
+                .expect("creating the input topic");
+            let records = (0..RECORDS).map(|i| {
+                ProduceRecord::new(format!("v-{i}"))
+                    .with_key(format!("k-{i}"))
+                    .to_partition(i as i32 % PARTITIONS)
+            });
+            admin.produce(&input, records).await.expect("producing the input");
         });
-        admin.produce(&input, records).await.expect("producing the input");
-    });
-    Setup { kafka, input }
+        Setup { kafka, input }
+    })
 }
 
 impl Setup {
@@ -116,67 +114,110 @@ transactional_id_prefix = "{prefix}"
         (file, output)
     }
 
-    /// What a read_committed consumer may see of `topic`, decided from the log.
-    fn committed(&self, topic: &str) -> CommittedRead {
-        runtime().block_on(async {
-            WireClient::new(self.bootstrap())
+    /// The committed output of `topic`, read by both readers, which must
+    /// agree; no transaction may be left open.
+    fn output(&self, topic: &str, what: &str) -> Output {
+        let (log, consumed) = runtime().block_on(async {
+            // First the log, until the markers of the last transactions are
+            // there: a consumer stops at the last stable offset, so it would
+            // end before records whose COMMIT marker is still on its way.
+            let log = WireClient::new(self.bootstrap())
                 .unwrap()
-                .read_topic(topic)
+                .read_topic_settled(topic, SETTLE)
                 .await
-                .expect("reading the output topic")
-        })
-    }
-
-    /// On a real Kafka: the values a plain read_committed consumer reads.
-    fn consumed(&self, topic: &str) -> Vec<String> {
-        runtime().block_on(async {
-            let records = KafkaAdmin::new(self.bootstrap())
+                .expect("reading the output topic's log");
+            let consumed = KafkaAdmin::new(self.bootstrap())
                 .read_all(topic)
                 .await
-                .expect("consuming");
-            records
-                .into_iter()
-                .map(|r| String::from_utf8(r.value).unwrap())
-                .collect()
-        })
+                .expect("consuming the output topic read_committed");
+            (log, consumed)
+        });
+        assert!(
+            log.open_transactions.is_empty(),
+            "{what}: transactions left open after {SETTLE:?}: {:?}",
+            log.open_transactions
+        );
+        let from_log: Vec<OutputRecord> = log
+            .records
+            .iter()
+            .map(|r| OutputRecord {
+                partition: r.partition,
+                offset: r.offset,
+                timestamp: Some(r.timestamp),
+                key: r.key.clone(),
+                value: r.value.clone().unwrap_or_default(),
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|h| (h.key.clone(), h.value.clone().unwrap_or_default()))
+                    .collect(),
+            })
+            .collect();
+        let from_consumer: Vec<OutputRecord> = consumed
+            .into_iter()
+            .map(|r| OutputRecord {
+                partition: r.topic_partition().expect("split <topic>-<partition>").1,
+                offset: r.offset,
+                timestamp: r.timestamp_ms,
+                key: r.key,
+                value: r.value,
+                headers: r.headers,
+            })
+            .collect();
+        assert_eq!(
+            from_consumer.len(),
+            from_log.len(),
+            "{what}: a read_committed consumer and the log-level reader disagree on the number of records"
+        );
+        assert!(
+            from_consumer == from_log,
+            "{what}: a read_committed consumer and the log-level reader disagree; first difference: {:?}",
+            from_consumer.iter().zip(&from_log).find(|(c, l)| c != l)
+        );
+        Output { records: from_log, log }
     }
 }
 
-fn values(read: &CommittedRead) -> Vec<String> {
-    read.records
-        .iter()
-        .map(|r| String::from_utf8(r.value.clone().unwrap_or_default()).unwrap())
-        .collect()
+/// One record of the output, as both readers report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OutputRecord {
+    partition: i32,
+    offset: i64,
+    timestamp: Option<i64>,
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+/// What both readers agree the output holds, ordered by partition and
+/// offset, with the log-level reader's account of aborted records.
+struct Output {
+    records: Vec<OutputRecord>,
+    log: CommittedRead,
+}
+
+impl Output {
+    fn values(&self) -> Vec<String> {
+        self.records
+            .iter()
+            .map(|r| String::from_utf8(r.value.clone()).unwrap())
+            .collect()
+    }
 }
 
 fn expected() -> BTreeSet<String> {
     (0..RECORDS).map(|i| format!("v-{i}")).collect()
 }
 
-/// Every input record exactly once (count and set), with its key, and no
-/// transaction left open.
-fn assert_exactly_once(setup: &Setup, output: &str, what: &str) {
-    let read = setup.committed(output);
-    let values = values(&read);
+/// Every input record exactly once (count and set), with its key.
+fn assert_exactly_once(output: &Output, what: &str) {
+    let values = output.values();
     let set: BTreeSet<String> = values.iter().cloned().collect();
     assert_eq!(values.len(), RECORDS, "{what}: committed records (duplicates or loss)");
     assert_eq!(set, expected(), "{what}: the set of committed values");
-    for r in &read.records {
-        let value = String::from_utf8(r.value.clone().unwrap()).unwrap();
+    for (r, value) in output.records.iter().zip(&values) {
         let key = value.replacen("v-", "k-", 1);
         assert_eq!(r.key.as_deref(), Some(key.as_bytes()), "{what}: the key of {value}");
-    }
-    assert!(
-        read.open_transactions.is_empty(),
-        "{what}: transactions left open: {:?}",
-        read.open_transactions
-    );
-    if setup.kafka.is_external() {
-        let mut consumed = setup.consumed(output);
-        consumed.sort();
-        let mut committed = values;
-        committed.sort();
-        assert_eq!(consumed, committed, "{what}: a read_committed consumer disagrees");
     }
 }
 
@@ -193,17 +234,17 @@ fn crash_case(setup: &Setup, name: &str, points: &[&str]) -> String {
         status.success(),
         "{name}: the restarted run failed with {status}:\n{log}"
     );
-    assert_exactly_once(setup, &output, name);
+    assert_exactly_once(&setup.output(&output, name), name);
     log
 }
 
 fn case(name: &str) -> String {
-    let setup = setup(name);
+    let setup = setup();
     let (_, points) = TWO_PHASE_CRASH_CASES
         .iter()
         .find(|(n, _)| *n == name)
         .expect("a known case");
-    crash_case(&setup, name, points)
+    crash_case(setup, name, points)
 }
 
 /// Recovery finished pre-committed transactions with EndTxn.
@@ -216,15 +257,16 @@ fn assert_end_txn_recovery(log: &str) {
 
 #[test]
 fn a_run_without_crash_copies_every_record_once() {
-    let setup = setup("no_crash");
+    let setup = setup();
     let dir = tempfile::tempdir().unwrap();
     let (config, output) = setup.pipeline(dir.path(), "no_crash", "exactly-once", "");
     run_to_completion(&config);
-    assert_exactly_once(&setup, &output, "no crash");
+    assert_exactly_once(&setup.output(&output, "no crash"), "no crash");
     // A second run finds nothing new and recovers the last checkpoint's
     // transactions again (EndTxn on committed ones is a no-op).
     run_to_completion(&config);
-    assert_exactly_once(&setup, &output, "no crash, run again");
+    let what = "no crash, run again";
+    assert_exactly_once(&setup.output(&output, what), what);
 }
 
 #[test]
@@ -260,7 +302,7 @@ fn sigkill_during_recovery() {
 /// must lose that checkpoint's records — and the check must see it.
 #[test]
 fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
-    let setup = setup("negative");
+    let setup = setup();
     let dir = tempfile::tempdir().unwrap();
     let (config, output) = setup.pipeline(dir.path(), "negative", "exactly-once", "");
     run_killed_at(&config, "coordinator.after_persist:3");
@@ -268,12 +310,14 @@ fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
     let (status, log) = run_with_env(&config, None, &[], &env);
     assert!(status.success(), "{log}");
     assert!(log.contains("TEST ONLY"), "the knob announces itself:\n{log}");
+    // Both readers still agree on what is committed, and no transaction is
+    // left open; only exactly-once must fail.
+    let output = setup.output(&output, "negative control");
     let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        assert_exactly_once(&setup, &output, "negative control")
+        assert_exactly_once(&output, "negative control")
     }));
     assert!(check.is_err(), "the exactly-once check must fail on this output");
-    let read = setup.committed(&output);
-    let values = values(&read);
+    let values = output.values();
     let set: BTreeSet<String> = values.iter().cloned().collect();
     assert_eq!(set.len(), values.len(), "no duplicates either way");
     assert!(set.is_subset(&expected()));
@@ -281,7 +325,7 @@ fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
         values.len() < RECORDS,
         "the transactions of the persisted checkpoint were aborted, yet all {RECORDS} records are committed"
     );
-    assert!(read.aborted_records > 0, "the lost records were aborted");
+    assert!(output.log.aborted_records > 0, "the lost records were aborted");
     let missing = RECORDS - values.len();
     println!("negative control: {missing} records of the lost checkpoint are missing, as expected");
 }
@@ -290,11 +334,11 @@ fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
 /// the checkpoint is persisted, so a crash there replays committed records.
 #[test]
 fn at_least_once_shows_duplicates_after_a_crash_before_persist() {
-    let setup = setup("alo");
+    let setup = setup();
     let dir = tempfile::tempdir().unwrap();
     let (config, output) = setup.pipeline(dir.path(), "alo", "at-least-once", "");
     crash_then_finish(&config, &["coordinator.before_persist:3"]);
-    let values = values(&setup.committed(&output));
+    let values = setup.output(&output, "at-least-once").values();
     let set: BTreeSet<String> = values.iter().cloned().collect();
     assert_eq!(set, expected(), "no loss");
     assert!(values.len() > RECORDS, "duplicates expected, found {}", values.len());
@@ -316,44 +360,29 @@ fn the_example_pipeline_parses_and_bad_sink_keys_are_named() {
     assert!(e.contains("pool_sise"), "{e}");
 }
 
-fn require_real_kafka() {
-    assert!(
-        std::env::var(exactly_testkit::kafka::KAFKA_BOOTSTRAP_ENV).is_ok(),
-        "{REAL_KAFKA}"
-    );
-}
-
-#[test]
-#[ignore = "needs a real Apache Kafka: set EXACTLY_KAFKA_BOOTSTRAP=host:port and run cargo test --test kafka_kafka -- --ignored"]
-fn real_kafka_crash_matrix() {
-    require_real_kafka();
-    let setup = setup("real");
-    for (name, points) in TWO_PHASE_CRASH_CASES {
-        crash_case(&setup, name, points);
-    }
-}
-
-#[test]
-#[ignore = "needs a real Apache Kafka: set EXACTLY_KAFKA_BOOTSTRAP=host:port and run cargo test --test kafka_kafka -- --ignored"]
-fn real_kafka_negative_control_loses_the_checkpoint() {
-    require_real_kafka();
-    aborting_instead_of_committing_on_recovery_loses_the_checkpoint();
-}
-
 /// Apache Kafka limits transaction timeouts (transaction.max.timeout.ms,
 /// 15 minutes by default): a longer `transaction_timeout` is refused at
-/// start, naming the setting.
+/// start, naming both settings and the broker's limit.
 #[test]
-#[ignore = "needs a real Apache Kafka: set EXACTLY_KAFKA_BOOTSTRAP=host:port and run cargo test --test kafka_kafka -- --ignored"]
-fn real_kafka_refuses_a_transaction_timeout_above_the_broker_limit() {
-    require_real_kafka();
-    let setup = setup("limit");
+fn a_transaction_timeout_above_the_broker_limit_is_refused() {
+    let setup = setup();
+    let limit: u64 = runtime()
+        .block_on(exactly_kafka::wire::describe_broker_config(
+            setup.bootstrap(),
+            "transaction.max.timeout.ms",
+        ))
+        .expect("DescribeConfigs")
+        .expect("the broker reports transaction.max.timeout.ms")
+        .parse()
+        .expect("a number of milliseconds");
     let dir = tempfile::tempdir().unwrap();
-    let (config, _) = setup.pipeline(dir.path(), "limit", "exactly-once", "transaction_timeout = \"1000h\"");
+    let too_long = format!("transaction_timeout = \"{}ms\"", limit + 60_000);
+    let (config, _) = setup.pipeline(dir.path(), "limit", "exactly-once", &too_long);
     let (status, _, log) = wait(spawn(&config), Duration::from_secs(60));
     assert!(!status.success());
     assert!(
-        log.contains("`transaction_timeout`") && log.contains("transaction.max.timeout.ms"),
+        log.contains("`transaction_timeout`")
+            && log.contains(&format!("the broker's transaction.max.timeout.ms ({limit} ms)")),
         "{log}"
     );
 }
