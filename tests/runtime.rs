@@ -285,6 +285,12 @@ impl CheckpointStore for SlowStore {
     fn reserve_ids(&self, upto: CheckpointId) -> Result<(), StoreError> {
         self.inner.reserve_ids(upto)
     }
+    fn committed_through(&self) -> Result<Option<CheckpointId>, StoreError> {
+        self.inner.committed_through()
+    }
+    fn record_committed(&self, id: CheckpointId) -> Result<(), StoreError> {
+        self.inner.record_committed(id)
+    }
 }
 
 /// A checkpoint write that outlasts the checkpoint timeout is waited for

@@ -67,6 +67,7 @@ pub fn run_with_env(
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
     cmd.arg("run").arg(config).args(extra).env("RUST_LOG", "info");
     cmd.env_remove("EXACTLY_CRASH_AT")
+        .env_remove("EXACTLY_DELAY_AT")
         .env_remove(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV)
         .envs(env.iter().copied());
     if let Some(point) = crash_at {
@@ -130,11 +131,18 @@ fn drain(mut pipe: impl std::io::Read + Send + 'static) -> std::thread::JoinHand
 
 /// Runs `exactly run` in the background.
 pub fn spawn(config: &Path) -> Background {
+    spawn_with_env(config, &[])
+}
+
+/// [`spawn`] with extra environment variables (e.g. `EXACTLY_DELAY_AT`).
+pub fn spawn_with_env(config: &Path, env: &[(&str, &str)]) -> Background {
     let mut child = Command::new(env!("CARGO_BIN_EXE_exactly"))
         .arg("run")
         .arg(config)
         .env("RUST_LOG", "info")
         .env_remove("EXACTLY_CRASH_AT")
+        .env_remove("EXACTLY_DELAY_AT")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

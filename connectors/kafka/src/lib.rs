@@ -61,9 +61,17 @@
 //! [`DataLoss`](exactly_core::ConnectorError::DataLoss) naming the id and the
 //! checkpoint, or with `on_lost_transaction = "warn"` an error log and a
 //! count ([`KafkaSinkMetricsSnapshot::lost_transactions`]). Coordinator
-//! moves, loading coordinators and CONCURRENT_TRANSACTIONS are retried with
-//! backoff. Nisshi answers a refused EndTxn by closing the connection: three
-//! closed connections in a row count as a refusal.
+//! moves, loading coordinators, CONCURRENT_TRANSACTIONS and connections that
+//! are closed, refused or time out (a broker restarting) are retried with
+//! backoff for up to 60 s, then the attempt fails and the pipeline restarts
+//! and asks again: only an answer of the transaction coordinator decides
+//! that a transaction is gone. A pipeline stopped for longer than the
+//! brokers' `transactional.id.expiration.ms` restarts cleanly: the runtime
+//! records in the checkpoint folder when every sink has committed a
+//! checkpoint (`committed-through`), and the transactions of such a
+//! checkpoint are not asked about again. Before a new attempt's `recover`
+//! touches anything, it waits for the InitProducerId calls the failed
+//! attempt left running (a late one would fence the new producer of its id).
 //!
 //! **Why slots, and why one more than expected.** A pre-committed
 //! transaction stays open until its checkpoint completes while the next
@@ -78,9 +86,15 @@
 //! same reason `recover` does not initialize the listed ids: a second
 //! recovery from the same checkpoint must find them at the same epoch.
 //!
-//! **Guardrails.** At `recover` the broker's `transaction.max.timeout.ms`
-//! (DescribeConfigs) is read and a larger `transaction_timeout` is refused;
-//! brokers that do not report it (Nisshi) are not checked. A warning says
+//! **Guardrails.** At start, checkpoint settings under which a checkpoint
+//! could outlive its transactions are refused: `[checkpoint] interval` plus
+//! `timeout` must be at most half of `transaction_timeout` (default 15 min);
+//! the error names both keys and the values that would fit. While running,
+//! a transaction still open or waiting for its checkpoint after 80 % of
+//! `transaction_timeout` fails the attempt (a transient error), so recovery
+//! aborts and replays it before the broker would abort it. At `recover` the
+//! broker's `transaction.max.timeout.ms` (DescribeConfigs) is read and a
+//! larger `transaction_timeout` is refused. A warning says
 //! when `transaction_timeout` is less than 1.5 × (2 checkpoint intervals +
 //! `expected_restart_time`); the interval comes from
 //! [`KafkaSinkFactory::with_checkpoint_interval`], which the `exactly`
@@ -118,8 +132,9 @@ pub use config::{
 };
 pub use sink::{KafkaCommittable, KafkaSinkFactory, KafkaSinkMetricsSnapshot, KafkaTransaction};
 pub use sink_config::{
-    check_broker_timeout_limit, needed_transaction_time, past_timeout_share, timeout_headroom_warning, KafkaSinkConfig,
-    KeyFrom, OnLostTransaction, ValueFrom, DEFAULT_EXPECTED_RESTART_TIME, DEFAULT_POOL_SIZE,
-    DEFAULT_TIMEOUT_WARNING_SHARE, DEFAULT_TRANSACTION_TIMEOUT, MIN_POOL_SIZE,
+    check_broker_timeout_limit, check_checkpoint_timing, needed_transaction_time, past_timeout_share,
+    timeout_headroom_warning, KafkaSinkConfig, KeyFrom, OnLostTransaction, ValueFrom, ABORT_AHEAD_SHARE,
+    CHECKPOINT_SHARE, DEFAULT_EXPECTED_RESTART_TIME, DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT_WARNING_SHARE,
+    DEFAULT_TRANSACTION_TIMEOUT, MIN_POOL_SIZE,
 };
 pub use source::{split_name, KafkaSourceFactory};

@@ -4,14 +4,15 @@
 //! comments here explain the bookkeeping.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use exactly_core::{
-    erase, CheckpointId, ConnectorError, ErasedSink, JsonPointer, Record, SinkContext, SinkFactory, TwoPhaseCommitSink,
+    erase, fault, CheckpointConfig, CheckpointId, ConnectorError, ErasedSink, JsonPointer, Record, SinkContext,
+    SinkFactory, TwoPhaseCommitSink,
 };
 use exactly_kafka_wire::{EndTxnOutcome, WireClient, WireConfig, WireError};
 use rdkafka::config::ClientConfig;
@@ -23,8 +24,8 @@ use crate::client::client_config;
 use crate::config::KafkaConfigError;
 use crate::producer::{txn_error_kind, InitError, TxnErrorKind, TxnProducer, STATISTICS_INTERVAL_MS};
 use crate::sink_config::{
-    check_broker_timeout_limit, past_timeout_share, timeout_headroom_warning, KafkaSinkConfig, KeyFrom,
-    OnLostTransaction, ValueFrom,
+    check_broker_timeout_limit, check_checkpoint_timing, past_timeout_share, timeout_headroom_warning, KafkaSinkConfig,
+    KeyFrom, OnLostTransaction, ValueFrom, ABORT_AHEAD_SHARE,
 };
 
 /// Longest single blocking librdkafka call (InitProducerId, commit, abort).
@@ -35,9 +36,6 @@ const COMMIT_DEADLINE: Duration = Duration::from_secs(60);
 /// First pause between two commit attempts; doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// EndTxn answers in a row that are a closed connection before the sink
-/// takes it for a refusal (Nisshi hangs up instead of sending an error code).
-const CLOSED_REFUSALS: u32 = 3;
 /// Committables remembered as committed, so a repeated commit is a no-op.
 const RECENT_COMMITS: usize = 64;
 
@@ -142,6 +140,13 @@ struct Settings {
     wire: WireClient,
     checkpoint_interval: Option<Duration>,
     metrics: Arc<KafkaSinkMetrics>,
+    /// Per sink subtask, a lock every InitProducerId in flight holds shared.
+    /// `recover` takes it exclusively once before anything else, so an
+    /// initialization a failed attempt left running (on a blocking thread,
+    /// which cannot be cancelled) has ended before the new attempt commits or
+    /// initializes anything: a late one would fence the new attempt's
+    /// producer of that id, and with it a transaction it pre-committed.
+    inits: Arc<std::sync::Mutex<HashMap<usize, Arc<tokio::sync::RwLock<()>>>>>,
 }
 
 impl KafkaSinkFactory {
@@ -174,6 +179,7 @@ impl KafkaSinkFactory {
                 wire: WireClient::with_config(wire),
                 checkpoint_interval: None,
                 metrics: Arc::default(),
+                inits: Arc::default(),
             }),
         })
     }
@@ -211,6 +217,14 @@ impl KafkaSinkFactory {
     }
 }
 
+impl Settings {
+    /// The lock InitProducerId calls of sink subtask `subtask` hold.
+    fn init_lock(&self, subtask: usize) -> Arc<tokio::sync::RwLock<()>> {
+        let mut inits = self.inits.lock().unwrap_or_else(|e| e.into_inner());
+        inits.entry(subtask).or_default().clone()
+    }
+}
+
 fn transactional_id(prefix: &str, subtask: usize, slot: usize) -> String {
     format!("{prefix}-{subtask}-{slot}")
 }
@@ -221,6 +235,18 @@ impl SinkFactory for KafkaSinkFactory {
             "kafka:topic={},transactional_id_prefix={},pool_size={}",
             self.settings.config.topic, self.settings.prefix, self.settings.config.pool_size
         )
+    }
+
+    /// Refuses checkpoint settings under which a transaction can wait for
+    /// its checkpoint until the broker aborts it (see
+    /// [`check_checkpoint_timing`]).
+    fn check_checkpointing(&self, checkpoint: &CheckpointConfig) -> Result<(), ConnectorError> {
+        check_checkpoint_timing(
+            self.settings.config.transaction_timeout,
+            checkpoint.interval,
+            checkpoint.timeout,
+        )
+        .map_err(|problem| ConnectorError::fatal(format!("kafka sink {}", self.settings.label), problem))
     }
 
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
@@ -251,8 +277,8 @@ impl SinkFactory for KafkaSinkFactory {
 enum SlotState {
     /// Ready for a new transaction.
     Free,
-    /// A transaction is open.
-    Open,
+    /// A transaction is open since `began_at_ms` (Unix milliseconds).
+    Open { began_at_ms: u64 },
     /// Pre-committed at `at` (the sink's clock); waits for its checkpoint.
     Prepared {
         committable: KafkaCommittable,
@@ -329,12 +355,9 @@ pub(crate) enum EndTxnVerdict {
     /// The broker refused: the transaction is gone (timed out, fenced,
     /// unknown). The reason says which answer it was.
     Lost(String),
-    /// The broker closed the connection instead of answering (Nisshi's way
-    /// of refusing — or a broker going down). Retried; taken for a refusal
-    /// after [`CLOSED_REFUSALS`] in a row.
-    Closed(String),
     /// Ask again after a pause (coordinator moving or loading, concurrent
-    /// transactions, network).
+    /// transactions, a broker that closed or refused the connection while it
+    /// restarts, a timeout).
     Retry(String),
     /// Neither success nor a known refusal: stop rather than guess.
     Fatal(String),
@@ -344,17 +367,22 @@ pub(crate) enum EndTxnVerdict {
 pub(crate) fn classify_end_txn(result: &Result<EndTxnOutcome, WireError>) -> EndTxnVerdict {
     match result {
         Ok(EndTxnOutcome::Ok) => EndTxnVerdict::Committed,
-        Ok(
-            outcome @ (EndTxnOutcome::InvalidTxnState
-            | EndTxnOutcome::ProducerFenced(_)
-            | EndTxnOutcome::InvalidProducerIdMapping),
-        ) => EndTxnVerdict::Lost(format!("EndTxn answered {outcome}")),
+        Ok(outcome @ (EndTxnOutcome::InvalidTxnState | EndTxnOutcome::ProducerFenced(_))) => {
+            EndTxnVerdict::Lost(format!("EndTxn answered {outcome}"))
+        }
+        Ok(outcome @ EndTxnOutcome::InvalidProducerIdMapping) => EndTxnVerdict::Lost(format!(
+            "EndTxn answered {outcome}: the broker knows no producer for this id any more (it was \
+             stopped longer than the brokers' transactional.id.expiration.ms after the transaction timed out)"
+        )),
         Ok(outcome @ EndTxnOutcome::Retriable(_)) => EndTxnVerdict::Retry(format!("EndTxn answered {outcome}")),
         Ok(outcome @ EndTxnOutcome::Other(_)) => EndTxnVerdict::Fatal(format!(
             "EndTxn answered {outcome}, which says neither that the transaction is committed nor that it is \
              gone; stopping so nothing is decided by guess (run again to retry)"
         )),
-        Err(error @ WireError::Closed { .. }) => EndTxnVerdict::Closed(error.to_string()),
+        // A broker going down closes connections; one coming up refuses them
+        // or answers "not coordinator": none of it says anything about the
+        // transaction. Only an answer of the coordinator does.
+        Err(error @ WireError::Closed { .. }) => EndTxnVerdict::Retry(error.to_string()),
         Err(error) if error.is_retriable() => EndTxnVerdict::Retry(error.to_string()),
         Err(error) => EndTxnVerdict::Fatal(error.to_string()),
     }
@@ -492,18 +520,57 @@ impl KafkaSink {
         retire(self.slots[slot].producer.take().into_iter().collect());
     }
 
-    /// Starts initializing a producer for `slot` on a blocking thread.
-    fn spawn_init(&self, slot: usize) -> tokio::task::JoinHandle<Result<TxnProducer, InitError>> {
+    /// Starts initializing a producer for `slot` on a blocking thread. The
+    /// call holds the subtask's init lock (shared) until it ends; `None` when
+    /// a `recover` of the same subtask waits for that lock (this sink
+    /// belongs to an attempt that failed; the slot initializes lazily if it
+    /// is ever used).
+    fn spawn_init(&self, slot: usize) -> Option<tokio::task::JoinHandle<Result<TxnProducer, InitError>>> {
+        let Ok(in_flight) = self.settings.init_lock(self.context.subtask).try_read_owned() else {
+            tracing::debug!(
+                subtask = self.context.subtask,
+                slot,
+                "a recovery of this subtask runs: not initializing"
+            );
+            return None;
+        };
         let config = self.settings.producer.clone();
         let id = self.slots[slot].transactional_id.clone();
         add(&self.settings.metrics.producers_initialized, 1);
-        tokio::task::spawn_blocking(move || TxnProducer::init(&config, &id, REQUEST_TIMEOUT))
+        Some(tokio::task::spawn_blocking(move || {
+            let _in_flight = in_flight;
+            fault::pause_blocking("kafka_sink.before_init_producer");
+            TxnProducer::init(&config, &id, REQUEST_TIMEOUT)
+        }))
+    }
+
+    /// Waits until every InitProducerId a failed attempt's sink of this
+    /// subtask started has ended.
+    async fn await_earlier_inits(&self) {
+        let lock = self.settings.init_lock(self.context.subtask);
+        let started = Instant::now();
+        drop(lock.write().await);
+        let waited = started.elapsed();
+        if waited > Duration::from_millis(10) {
+            tracing::info!(
+                sink = %self.settings.label,
+                subtask = self.context.subtask,
+                waited_ms = waited.as_millis() as u64,
+                "waited for producer initializations of the failed attempt to end before recovering"
+            );
+        }
     }
 
     /// Initializes a producer for each of `slots` in parallel, which fences
     /// earlier producers of their ids and aborts what they left open.
     async fn init_producers(&self, slots: &[usize]) -> Result<Vec<Arc<TxnProducer>>, ConnectorError> {
-        let tasks: Vec<_> = slots.iter().map(|&slot| self.spawn_init(slot)).collect();
+        let Some(tasks) = slots
+            .iter()
+            .map(|&slot| self.spawn_init(slot))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Err(self.transient("another recovery of this subtask is running; retrying after it"));
+        };
         let mut producers = Vec::new();
         let mut first_error = None;
         for task in tasks {
@@ -567,9 +634,10 @@ impl KafkaSink {
     /// Commits `c` with EndTxn as its producer id and epoch, without
     /// InitProducerId: retries what may pass later, reports a refusal as lost.
     async fn finish_with_end_txn(&self, c: &KafkaCommittable) -> Result<(), ConnectorError> {
+        fault::point("kafka_sink.before_end_txn");
+        fault::pause("kafka_sink.before_end_txn").await;
         let deadline = Instant::now() + COMMIT_DEADLINE;
         let mut backoff = FIRST_BACKOFF;
-        let mut closed = 0;
         loop {
             let result = self
                 .settings
@@ -589,23 +657,7 @@ impl KafkaSink {
                         c.transactional_id, c.checkpoint
                     )))
                 }
-                EndTxnVerdict::Closed(reason) => {
-                    closed += 1;
-                    if closed >= CLOSED_REFUSALS {
-                        return self.lost(
-                            c,
-                            &format!(
-                                "the broker closed the connection instead of answering EndTxn {closed} times in a \
-                                 row, which is how Nisshi refuses a fenced or unknown producer ({reason})"
-                            ),
-                        );
-                    }
-                    reason
-                }
-                EndTxnVerdict::Retry(reason) => {
-                    closed = 0;
-                    reason
-                }
+                EndTxnVerdict::Retry(reason) => reason,
             };
             if Instant::now() + backoff > deadline {
                 return Err(self.transient(format!(
@@ -676,7 +728,7 @@ impl KafkaSink {
                 if self.slots[i].producer.is_none() && self.slots[i].initializing.is_none() {
                     // Only now: initializing bumps the epoch, which must not
                     // happen while a persisted checkpoint may list the id.
-                    self.slots[i].initializing = Some(self.spawn_init(i));
+                    self.slots[i].initializing = self.spawn_init(i);
                 }
             }
         }
@@ -722,6 +774,40 @@ impl KafkaSink {
         add(&self.settings.metrics.timeout_warnings, warned);
     }
 
+    /// Fails (transient) when an open or pre-committed transaction has used
+    /// [`ABORT_AHEAD_SHARE`] of `transaction_timeout`: its checkpoint is late
+    /// (checkpoints time out, or a write is slow), and waiting longer risks
+    /// the broker aborting it after its checkpoint listed it, which loses its
+    /// records. Failing now makes recovery abort it (or commit it, if a
+    /// checkpoint listing it did land) and replay its records in time.
+    fn fail_if_near_timeout(&self) -> Result<(), ConnectorError> {
+        let timeout = self.config().transaction_timeout;
+        for slot in &self.slots {
+            let (began_at_ms, checkpoint, state) = match &slot.state {
+                SlotState::Open { began_at_ms } => (*began_at_ms, None, "open"),
+                SlotState::Prepared { committable, .. } => {
+                    (committable.began_at_ms, Some(committable.checkpoint), "pre-committed")
+                }
+                _ => continue,
+            };
+            let age = age(began_at_ms);
+            if past_timeout_share(age, timeout, ABORT_AHEAD_SHARE) {
+                let checkpoint = checkpoint.map_or_else(String::new, |c| format!(" of checkpoint {c}"));
+                return Err(self.transient(format!(
+                    "the {state} transaction{checkpoint} on transactional id {} began {} ago, {:.0} % of \
+                     transaction_timeout ({}), and its checkpoint has not completed; failing now so that recovery \
+                     aborts and replays it before the broker aborts it. Checkpoints are late: look at the \
+                     checkpoint warnings above (timeouts, slow writes)",
+                    slot.transactional_id,
+                    humantime::format_duration(Duration::from_secs(age.as_secs())),
+                    ABORT_AHEAD_SHARE * 100.0,
+                    humantime::format_duration(timeout),
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn pool_exhausted(&self) -> ConnectorError {
         let pending: Vec<String> = self
             .slots
@@ -763,6 +849,7 @@ impl TwoPhaseCommitSink for KafkaSink {
     /// checkpoint must find them at the same epoch.
     async fn recover(&mut self, pending: &[KafkaCommittable]) -> Result<(), ConnectorError> {
         let started = Instant::now();
+        self.await_earlier_inits().await;
         self.check_broker_limit().await?;
         if self.context.subtask == 0 {
             let config = self.config();
@@ -836,12 +923,13 @@ impl TwoPhaseCommitSink for KafkaSink {
         if !self.recovered {
             return Err(self.fatal("begin called before recover"));
         }
+        self.fail_if_near_timeout()?;
         self.warn_about_old_transactions();
         let slot = self.free_slot().ok_or_else(|| self.pool_exhausted())?;
         if self.slots[slot].producer.is_none() {
-            let init = match self.slots[slot].initializing.take() {
-                Some(started) => started,
-                None => self.spawn_init(slot),
+            let init = match self.slots[slot].initializing.take().or_else(|| self.spawn_init(slot)) {
+                Some(init) => init,
+                None => return Err(self.transient("a recovery of this subtask is running; retrying after it")),
             };
             match init.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())) {
                 Ok(producer) => self.slots[slot].producer = Some(Arc::new(producer)),
@@ -860,7 +948,8 @@ impl TwoPhaseCommitSink for KafkaSink {
                 )));
             }
         };
-        self.slots[slot].state = SlotState::Open;
+        let began_at_ms = now_ms();
+        self.slots[slot].state = SlotState::Open { began_at_ms };
         self.next_slot = (slot + 1) % self.slots.len();
         tracing::debug!(
             transactional_id = %producer.transactional_id,
@@ -874,11 +963,12 @@ impl TwoPhaseCommitSink for KafkaSink {
             checkpoint,
             generation,
             records: 0,
-            began_at_ms: now_ms(),
+            began_at_ms,
         })
     }
 
     async fn write(&mut self, txn: &mut KafkaTransaction, batch: &[Record]) -> Result<(), ConnectorError> {
+        self.fail_if_near_timeout()?;
         let producer = self.producer(txn.slot)?;
         let (key_from, value_from) = (&self.settings.config.key, &self.settings.config.value);
         let topic = &self.settings.config.topic;
@@ -931,6 +1021,7 @@ impl TwoPhaseCommitSink for KafkaSink {
     /// transaction still committable). Any failure fails the checkpoint; the
     /// records are then replayed after recovery.
     async fn pre_commit(&mut self, txn: KafkaTransaction) -> Result<KafkaCommittable, ConnectorError> {
+        self.fail_if_near_timeout()?;
         let producer = self.producer(txn.slot)?;
         let p = producer.clone();
         let timeout = self.config().transaction_timeout;
@@ -995,7 +1086,7 @@ impl TwoPhaseCommitSink for KafkaSink {
                 .producer
                 .as_ref()
                 .is_some_and(|p| (p.producer_id, p.epoch) == (c.producer_id, c.epoch));
-            if same_producer && matches!(self.slots[i].state, SlotState::Open | SlotState::Prepared { .. }) {
+            if same_producer && matches!(self.slots[i].state, SlotState::Open { .. } | SlotState::Prepared { .. }) {
                 return Err(self.fatal(format!(
                     "refusing to commit transactional id {} of checkpoint {} with EndTxn: the id holds another \
                      transaction with the same producer id and epoch now, which EndTxn would commit instead",
@@ -1088,11 +1179,13 @@ mod tests {
 
     #[test]
     fn wire_errors_map_to_retries_refusals_or_stops() {
+        // A broker going down closes the connection: no verdict on the
+        // transaction, ask again.
         let closed = WireError::Closed {
             addr: "b:1".into(),
             api: ApiKey::EndTxn,
         };
-        assert!(matches!(classify_end_txn(&Err(closed)), EndTxnVerdict::Closed(_)));
+        assert!(matches!(classify_end_txn(&Err(closed)), EndTxnVerdict::Retry(_)));
         let timeout = WireError::Timeout {
             addr: "b:1".into(),
             api: ApiKey::EndTxn,

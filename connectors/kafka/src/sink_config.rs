@@ -12,8 +12,17 @@ use serde::Deserialize;
 use crate::config::{check_bootstrap, check_properties, check_topic, de_properties, invalid};
 use crate::KafkaConfigError;
 
-/// Default of `transaction_timeout`.
-pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of `transaction_timeout`: 15 minutes, the default of the
+/// brokers' `transaction.max.timeout.ms`.
+pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// Share of `transaction_timeout` after which a transaction still waiting
+/// for its checkpoint fails the attempt, so recovery aborts and replays it
+/// while the broker has not aborted it yet.
+pub const ABORT_AHEAD_SHARE: f64 = 0.8;
+/// Largest share of `transaction_timeout` that a checkpoint interval plus
+/// the checkpoint timeout may take: a checkpoint that takes its whole timeout
+/// must still leave the transactions it lists time to be committed.
+pub const CHECKPOINT_SHARE: f64 = 0.5;
 /// Default of `pool_size`: one producer writes, one was committed last, up to
 /// three hold pre-committed transactions whose checkpoints have not completed.
 pub const DEFAULT_POOL_SIZE: usize = 5;
@@ -51,7 +60,8 @@ const RESERVED_PROPERTIES: &[(&str, &str)] = &[
 ///                                        # | a JSON pointer into the value, e.g. "/customer/id"
 /// value = "value"                        # "value" (default: the raw value) | a JSON pointer, e.g. "/payload"
 /// transactional_id_prefix = "orders-eos" # default: "exactly-<pipeline name>"
-/// transaction_timeout = "60s"            # default: "60s"; at most the broker's transaction.max.timeout.ms
+/// transaction_timeout = "15m"            # default: "15m"; at most the broker's transaction.max.timeout.ms,
+///                                        # at least twice [checkpoint] interval + timeout
 /// pool_size = 5                          # default: 5 transactional producers per subtask
 /// on_lost_transaction = "fail"           # "fail" (default) | "warn"
 /// expected_restart_time = "30s"          # default: "30s"; only used for a warning
@@ -373,6 +383,37 @@ pub fn timeout_headroom_warning(
     ))
 }
 
+/// The guardrail against checkpoints that outlive transactions: `Err` with
+/// the fix unless the checkpoint `interval` plus its `timeout` take at most
+/// [`CHECKPOINT_SHARE`] of `transaction_timeout`. A transaction fills for up
+/// to an interval and then waits up to the timeout for its checkpoint; what
+/// is left must cover the commit (or a restart that commits it).
+pub fn check_checkpoint_timing(
+    transaction_timeout: Duration,
+    interval: Duration,
+    timeout: Duration,
+) -> Result<(), String> {
+    let needed = interval + timeout;
+    if needed.as_secs_f64() <= transaction_timeout.as_secs_f64() * CHECKPOINT_SHARE {
+        return Ok(());
+    }
+    let round = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs_f64().ceil() as u64));
+    let max_timeout = Duration::from_secs_f64(
+        (transaction_timeout.as_secs_f64() * CHECKPOINT_SHARE - interval.as_secs_f64()).max(0.0),
+    );
+    Err(format!(
+        "[checkpoint] timeout ({}) plus interval ({}) is more than half of [sink.kafka] transaction_timeout ({}): \
+         a checkpoint that takes its whole timeout would leave the Kafka transactions it lists too close to the \
+         broker aborting them, and their records would be lost. Lower [checkpoint] timeout to at most {}, or \
+         raise transaction_timeout to at least {} (and the brokers' transaction.max.timeout.ms with it)",
+        humantime::format_duration(timeout),
+        humantime::format_duration(interval),
+        humantime::format_duration(transaction_timeout),
+        humantime::format_duration(Duration::from_secs(max_timeout.as_secs())),
+        round(needed.mul_f64(1.0 / CHECKPOINT_SHARE)),
+    ))
+}
+
 /// True when a transaction open for `age` has used `share` (0..=1) of
 /// `transaction_timeout` or more.
 pub fn past_timeout_share(age: Duration, transaction_timeout: Duration, share: f64) -> bool {
@@ -382,6 +423,24 @@ pub fn past_timeout_share(age: Duration, transaction_timeout: Duration, share: f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checkpoints_must_take_at_most_half_of_the_transaction_timeout() {
+        let s = Duration::from_secs;
+        assert!(check_checkpoint_timing(s(900), s(1), s(60)).is_ok(), "the defaults fit");
+        assert!(check_checkpoint_timing(s(10), s(1), s(4)).is_ok());
+        let e = check_checkpoint_timing(s(60), s(1), s(60)).unwrap_err();
+        for part in [
+            "[checkpoint] timeout (1m)",
+            "interval (1s)",
+            "transaction_timeout (1m)",
+            "at most 29s",
+            "at least 2m 2s",
+            "transaction.max.timeout.ms",
+        ] {
+            assert!(e.contains(part), "{part} missing from: {e}");
+        }
+    }
 
     fn parse(body: &str) -> Result<KafkaSinkConfig, String> {
         let config: KafkaSinkConfig = crate::config::parse_section("sink", "out", body)?;
@@ -395,7 +454,7 @@ mod tests {
         assert_eq!(c, KafkaSinkConfig::new("127.0.0.1:9092", "out"));
         assert_eq!(c.key, KeyFrom::Key);
         assert_eq!(c.value, ValueFrom::Value);
-        assert_eq!(c.transaction_timeout, Duration::from_secs(60));
+        assert_eq!(c.transaction_timeout, Duration::from_secs(15 * 60));
         assert_eq!(c.pool_size, 5);
         assert_eq!(c.on_lost_transaction, OnLostTransaction::Fail);
         assert_eq!(c.prefix_for("p"), "exactly-p");

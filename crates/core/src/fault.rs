@@ -9,6 +9,14 @@
 //! Format: `EXACTLY_CRASH_AT=<point>[:<nth hit, default 1>]`, e.g.
 //! `EXACTLY_CRASH_AT=sink.after_pre_commit:3`.
 //!
+//! A sibling variable pauses instead of killing, to hold a phase up (a slow
+//! checkpoint write, a sink that takes long to acknowledge):
+//! `EXACTLY_DELAY_AT=<point>[:<nth hit>]=<duration>`, e.g.
+//! `EXACTLY_DELAY_AT=sink.after_pre_commit:3=12s`. The runtime pauses at the
+//! points below where it calls [`pause`] (async) or [`pause_blocking`]
+//! (`coordinator.before_persist`, on the thread that writes the checkpoint);
+//! connectors may name points of their own.
+//!
 //! Points used by the runtime:
 //!
 //! | point | phase |
@@ -23,6 +31,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 struct Plan {
     point: String,
@@ -30,21 +39,86 @@ struct Plan {
     hits: AtomicU32,
 }
 
-fn plan() -> Option<&'static Plan> {
-    static PLAN: OnceLock<Option<Plan>> = OnceLock::new();
-    PLAN.get_or_init(|| {
-        let spec = std::env::var("EXACTLY_CRASH_AT").ok()?;
+/// Environment variable naming the crash point: `<point>[:<nth hit>]`.
+pub const CRASH_AT_ENV: &str = "EXACTLY_CRASH_AT";
+/// Environment variable naming the delay point:
+/// `<point>[:<nth hit>]=<duration>`.
+pub const DELAY_AT_ENV: &str = "EXACTLY_DELAY_AT";
+
+impl Plan {
+    /// `<point>[:<nth>]`.
+    fn parse(spec: &str) -> Plan {
         let (point, nth) = match spec.rsplit_once(':') {
-            Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1)),
-            None => (spec, 1),
+            Some((p, n)) if n.parse::<u32>().is_ok() => (p.to_string(), n.parse().unwrap_or(1)),
+            _ => (spec.to_string(), 1),
         };
-        Some(Plan {
+        Plan {
             point,
             nth: nth.max(1),
             hits: AtomicU32::new(0),
-        })
+        }
+    }
+
+    /// Whether this call of `name` is the planned hit.
+    fn hit(&self, name: &str) -> Option<u32> {
+        if self.point != name {
+            return None;
+        }
+        let hit = self.hits.fetch_add(1, Ordering::SeqCst) + 1;
+        (hit == self.nth).then_some(hit)
+    }
+}
+
+fn plan() -> Option<&'static Plan> {
+    static PLAN: OnceLock<Option<Plan>> = OnceLock::new();
+    PLAN.get_or_init(|| std::env::var(CRASH_AT_ENV).ok().map(|spec| Plan::parse(&spec)))
+        .as_ref()
+}
+
+fn delay_plan() -> Option<&'static (Plan, Duration)> {
+    static PLAN: OnceLock<Option<(Plan, Duration)>> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let spec = std::env::var(DELAY_AT_ENV).ok()?;
+        match parse_delay(&spec) {
+            Ok(plan) => Some(plan),
+            Err(problem) => {
+                tracing::error!(%spec, %problem, "{DELAY_AT_ENV} is not `<point>[:<nth>]=<duration>`; no delay");
+                None
+            }
+        }
     })
     .as_ref()
+}
+
+fn parse_delay(spec: &str) -> Result<(Plan, Duration), String> {
+    let (point, duration) = spec.rsplit_once('=').ok_or("no `=<duration>`")?;
+    let duration = humantime::parse_duration(duration).map_err(|e| e.to_string())?;
+    Ok((Plan::parse(point), duration))
+}
+
+/// How long to pause at `name`, when `EXACTLY_DELAY_AT` selects this point
+/// and hit.
+fn delay(name: &str) -> Option<Duration> {
+    let (plan, duration) = delay_plan()?;
+    let hit = plan.hit(name)?;
+    tracing::warn!(point = name, hit, ?duration, "delay point reached: pausing");
+    Some(*duration)
+}
+
+/// Marks a delay point in async code: sleeps when `EXACTLY_DELAY_AT`
+/// selects this point and hit. Without the variable it costs one atomic
+/// load.
+pub async fn pause(name: &str) {
+    if let Some(duration) = delay(name) {
+        tokio::time::sleep(duration).await;
+    }
+}
+
+/// [`pause`] for code that runs on a blocking thread.
+pub fn pause_blocking(name: &str) {
+    if let Some(duration) = delay(name) {
+        std::thread::sleep(duration);
+    }
 }
 
 /// Environment variable of the negative controls: when it is `1`, sinks
@@ -63,11 +137,7 @@ pub fn abort_pending_on_recover() -> bool {
 /// selects this point and hit.
 pub fn point(name: &str) {
     let Some(plan) = plan() else { return };
-    if plan.point != name {
-        return;
-    }
-    let hit = plan.hits.fetch_add(1, Ordering::SeqCst) + 1;
-    if hit == plan.nth {
+    if let Some(hit) = plan.hit(name) {
         tracing::error!(
             point = name,
             hit,
@@ -77,5 +147,37 @@ pub fn point(name: &str) {
         unsafe {
             libc::raise(libc::SIGKILL);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_name_a_point_and_a_hit() {
+        let plan = Plan::parse("sink.after_commit:3");
+        assert_eq!((plan.point.as_str(), plan.nth), ("sink.after_commit", 3));
+        assert_eq!(plan.hit("other"), None);
+        assert_eq!(plan.hit("sink.after_commit"), None);
+        assert_eq!(plan.hit("sink.after_commit"), None);
+        assert_eq!(plan.hit("sink.after_commit"), Some(3));
+        assert_eq!(plan.hit("sink.after_commit"), None, "only the nth hit");
+        let plan = Plan::parse("coordinator.after_persist");
+        assert_eq!(plan.nth, 1);
+    }
+
+    #[test]
+    fn delays_name_a_point_a_hit_and_a_duration() {
+        let (plan, duration) = parse_delay("sink.after_pre_commit:2=1500ms").unwrap();
+        assert_eq!((plan.point.as_str(), plan.nth), ("sink.after_pre_commit", 2));
+        assert_eq!(duration, Duration::from_millis(1500));
+        let (plan, duration) = parse_delay("coordinator.before_persist=12s").unwrap();
+        assert_eq!(
+            (plan.point.as_str(), plan.nth, duration),
+            ("coordinator.before_persist", 1, Duration::from_secs(12))
+        );
+        assert!(parse_delay("sink.after_commit:2").is_err());
+        assert!(parse_delay("sink.after_commit=often").is_err());
     }
 }

@@ -211,6 +211,18 @@ impl Pipeline {
         );
     }
 
+    /// Records in the store, in the background, that every sink committed
+    /// everything pending up to `id`. A failure is only logged: the record
+    /// spares a later recovery work, and without it recovery asks the sinks.
+    fn record_committed(&self, id: CheckpointId) -> tokio::task::JoinHandle<()> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = store.record_committed(id) {
+                warn!(checkpoint = %id, %error, "could not record that the checkpoint's transactions are committed");
+            }
+        })
+    }
+
     /// A pipeline; fails when the settings are invalid.
     pub fn new(
         config: PipelineConfig,
@@ -219,6 +231,8 @@ impl Pipeline {
         store: Arc<dyn CheckpointStore>,
     ) -> Result<Self, PipelineError> {
         config.validate()?;
+        sink.check_checkpointing(&config.checkpoint)
+            .map_err(|e| PipelineError::Config(e.to_string()))?;
         Ok(Pipeline {
             config,
             source,
@@ -355,7 +369,23 @@ impl Pipeline {
             .expect("checkpoint store task panicked")
             .map_err(|e| self.store_failure(e))?;
         let positions = latest.as_ref().map(|e| e.checkpoint.positions.clone());
-        if let Some(entry) = &latest {
+        let store = self.store.clone();
+        let committed_through = tokio::task::spawn_blocking(move || store.committed_through())
+            .await
+            .expect("checkpoint store task panicked")
+            .map_err(|e| self.store_failure(e))?;
+        // Everything the restored checkpoint lists was committed by every sink
+        // before the pipeline stopped: nothing is left to commit, and a store
+        // that forgot those transactions since (an expired Kafka transactional
+        // id) is not asked about them.
+        let all_committed = restored_id.is_some_and(|id| committed_through.is_some_and(|c| c >= id));
+        if all_committed {
+            info!(
+                checkpoint = %restored_id.unwrap_or_default(),
+                "every transaction the checkpoint lists was committed before the stop"
+            );
+        }
+        if let (Some(entry), false) = (&latest, all_committed) {
             if let Some(orphaned) = entry.checkpoint.pending.keys().find(|i| **i >= p) {
                 return Err(self.fail(
                     false,
@@ -385,6 +415,7 @@ impl Pipeline {
             let mut sink = self.sink.create(ctx).map_err(|e| self.connector_failure(false, e))?;
             let pending = latest
                 .as_ref()
+                .filter(|_| !all_committed)
                 .and_then(|e| e.checkpoint.pending.get(&i))
                 .map(|l| l.iter().map(|c| c.committable.clone()).collect::<Vec<_>>())
                 .unwrap_or_default();
@@ -465,6 +496,10 @@ impl Pipeline {
         let mut final_id: Option<CheckpointId> = None;
         let mut final_completed = false;
         let mut committed_upto = vec![restored_id.unwrap_or_default(); p];
+        // The latest `committed_upto` minimum handed to the store, and the
+        // write that records it.
+        let mut recorded_committed = restored_id.unwrap_or_default();
+        let mut recording: Option<tokio::task::JoinHandle<()>> = None;
         let mut triggered_at: Option<(CheckpointId, Instant)> = None;
         let mut writing: Option<CheckpointWrite> = None;
         let mut last_completed = restored_id;
@@ -500,6 +535,11 @@ impl Pipeline {
                     }
                     Report::Committed(i, id) => {
                         committed_upto[i] = committed_upto[i].max(id);
+                        let through = *committed_upto.iter().min().expect("at least one sink");
+                        if through > recorded_committed {
+                            recorded_committed = through;
+                            recording = Some(self.record_committed(through));
+                        }
                         vec![]
                     }
                     Report::Persisted(checkpoint, Ok(())) => {
@@ -553,6 +593,7 @@ impl Pipeline {
                             let id = entry.checkpoint.id;
                             let write = tokio::task::spawn_blocking(move || {
                                 fault::point("coordinator.before_persist");
+                                fault::pause_blocking("coordinator.before_persist");
                                 let result = store.save(&entry);
                                 if result.is_ok() {
                                     fault::point("coordinator.after_persist");
@@ -613,6 +654,9 @@ impl Pipeline {
                 if committed_upto.iter().all(|c| *c >= id) {
                     info!(checkpoint = %id, "final checkpoint committed; stopping");
                     tasks.abort_all();
+                    if let Some(recording) = recording.take() {
+                        let _ = recording.await;
+                    }
                     return Ok(RunSummary {
                         last_checkpoint: last_completed,
                         metrics: self.metrics.snapshot(),
@@ -849,10 +893,12 @@ impl SinkTask {
             (Guarantee::ExactlyOnce, Some(c)) => {
                 self.ledger.add(id, c);
                 fault::point("sink.after_pre_commit");
+                fault::pause("sink.after_pre_commit").await;
             }
             (Guarantee::AtLeastOnce, Some(c)) => {
                 self.sink.commit(&c).await?;
                 fault::point("sink.after_pre_commit");
+                fault::pause("sink.after_pre_commit").await;
             }
             (_, None) => {}
         }

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::coordinator::CheckpointConfig;
 use crate::error::ConnectorError;
 use crate::record::{CheckpointId, Record};
 
@@ -100,6 +101,19 @@ pub trait SinkFactory: Send + Sync + 'static {
 
     /// Creates the sink of one subtask. Connect lazily (in `recover`).
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError>;
+
+    /// Checks that the sink can keep its promises under the pipeline's
+    /// checkpoint settings — for example that a checkpoint which takes its
+    /// whole `timeout` cannot outlive a transaction timeout of the store, so
+    /// a pre-committed transaction is always committed before the store
+    /// drops it. Called once, by [`Pipeline::new`](crate::Pipeline::new),
+    /// before anything runs; the error names the settings and the fix.
+    ///
+    /// The default accepts every setting.
+    fn check_checkpointing(&self, checkpoint: &CheckpointConfig) -> Result<(), ConnectorError> {
+        let _ = checkpoint;
+        Ok(())
+    }
 }
 
 /// The object-safe form of a [`TwoPhaseCommitSink`] that the runtime drives:

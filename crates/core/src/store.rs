@@ -174,16 +174,35 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// triggered, so a restarted pipeline never reuses a checkpoint id (sinks name
     /// transactions after it). The runtime reserves ids in blocks.
     fn reserve_ids(&self, upto: CheckpointId) -> Result<(), StoreError>;
+
+    /// The highest checkpoint id recorded by
+    /// [`record_committed`](Self::record_committed), or `None`.
+    fn committed_through(&self) -> Result<Option<CheckpointId>, StoreError>;
+
+    /// Durably records that every sink subtask has committed everything
+    /// pending up to checkpoint `id` (the runtime calls it after those
+    /// commits). A later recovery then knows that the transactions a
+    /// checkpoint up to `id` lists are committed, even when the store that
+    /// holds them can no longer tell (a Kafka transactional id that expired
+    /// while the pipeline was stopped). Never lowers the recorded id.
+    fn record_committed(&self, id: CheckpointId) -> Result<(), StoreError>;
 }
 
 /// Name of the id watermark file inside a pipeline's folder.
 pub const ID_WATERMARK_FILE: &str = "id-watermark";
+
+/// Name of the file inside a pipeline's folder that holds the highest
+/// checkpoint id whose transactions every sink has committed.
+pub const COMMITTED_THROUGH_FILE: &str = "committed-through";
 
 /// [`CheckpointStore`] on a local (or mounted) filesystem.
 #[derive(Clone, Debug)]
 pub struct FsCheckpointStore {
     dir: PathBuf,
     retain: usize,
+    /// Serializes [`CheckpointStore::record_committed`] so the recorded id
+    /// only grows.
+    committed: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -200,6 +219,7 @@ impl FsCheckpointStore {
         FsCheckpointStore {
             dir: root.as_ref().join(pipeline),
             retain: retain.max(1),
+            committed: Default::default(),
         }
     }
 
@@ -252,6 +272,24 @@ impl FsCheckpointStore {
             .map_err(io_err(&self.dir))
     }
 
+    /// A file of the pipeline's folder holding one checkpoint id; `None`
+    /// when it does not exist.
+    fn read_id_file(&self, name: &str) -> Result<Option<CheckpointId>, StoreError> {
+        let path = self.dir.join(name);
+        match fs::read_to_string(&path) {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .map(|n| Some(CheckpointId(n)))
+                .map_err(|e| StoreError::Io {
+                    path: path.display().to_string(),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
     fn prune(&self) -> Result<(), StoreError> {
         let names = self.list()?;
         if names.len() > self.retain {
@@ -286,23 +324,23 @@ impl CheckpointStore for FsCheckpointStore {
     }
 
     fn id_watermark(&self) -> Result<Option<CheckpointId>, StoreError> {
-        let path = self.dir.join(ID_WATERMARK_FILE);
-        match fs::read_to_string(&path) {
-            Ok(text) => text
-                .trim()
-                .parse()
-                .map(|n| Some(CheckpointId(n)))
-                .map_err(|e| StoreError::Io {
-                    path: path.display().to_string(),
-                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-                }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err(&path)(e)),
-        }
+        self.read_id_file(ID_WATERMARK_FILE)
     }
 
     fn reserve_ids(&self, upto: CheckpointId) -> Result<(), StoreError> {
         self.write_atomically(ID_WATERMARK_FILE, upto.0.to_string().as_bytes())
+    }
+
+    fn committed_through(&self) -> Result<Option<CheckpointId>, StoreError> {
+        self.read_id_file(COMMITTED_THROUGH_FILE)
+    }
+
+    fn record_committed(&self, id: CheckpointId) -> Result<(), StoreError> {
+        let _one_at_a_time = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        if self.committed_through()?.is_some_and(|recorded| recorded >= id) {
+            return Ok(());
+        }
+        self.write_atomically(COMMITTED_THROUGH_FILE, id.0.to_string().as_bytes())
     }
 
     fn latest(&self) -> Result<Option<CheckpointEntry>, StoreError> {
@@ -416,6 +454,25 @@ mod tests {
         store.reserve_ids(CheckpointId(100)).unwrap();
         assert_eq!(store.id_watermark().unwrap(), Some(CheckpointId(100)));
         assert_eq!(store.list().unwrap().len(), 3, "the watermark is not an entry");
+    }
+
+    #[test]
+    fn the_committed_checkpoint_is_recorded_and_never_lowered() {
+        let root = tempfile::tempdir().unwrap();
+        let store = FsCheckpointStore::new(root.path(), "p", 3);
+        assert_eq!(store.committed_through().unwrap(), None);
+        store.record_committed(CheckpointId(7)).unwrap();
+        assert_eq!(store.committed_through().unwrap(), Some(CheckpointId(7)));
+        store.record_committed(CheckpointId(5)).unwrap();
+        assert_eq!(
+            store.committed_through().unwrap(),
+            Some(CheckpointId(7)),
+            "never lowered"
+        );
+        store.record_committed(CheckpointId(9)).unwrap();
+        let again = FsCheckpointStore::new(root.path(), "p", 3);
+        assert_eq!(again.committed_through().unwrap(), Some(CheckpointId(9)), "durable");
+        assert!(store.list().unwrap().is_empty(), "the record is not an entry");
     }
 
     #[test]
