@@ -1,0 +1,110 @@
+//! The settings of a pipeline and what a finished run reports.
+
+use crate::coordinator::CheckpointConfig;
+use crate::error::PipelineError;
+use crate::metrics::MetricsSnapshot;
+use crate::record::CheckpointId;
+use crate::restart::RestartStrategy;
+
+/// The delivery guarantee of a pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Guarantee {
+    /// Aligned barriers and two-phase commit: after any failure every record's
+    /// effect is visible exactly once.
+    #[default]
+    ExactlyOnce,
+    /// No alignment; sinks flush at each checkpoint and commit at once. After a
+    /// failure records since the last checkpoint are replayed: duplicates are
+    /// possible, loss is not. Pair with idempotent sinks.
+    AtLeastOnce,
+}
+
+impl Guarantee {
+    /// `exactly-once` / `at-least-once`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Guarantee::ExactlyOnce => "exactly-once",
+            Guarantee::AtLeastOnce => "at-least-once",
+        }
+    }
+}
+
+impl std::str::FromStr for Guarantee {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "exactly-once" => Ok(Guarantee::ExactlyOnce),
+            "at-least-once" => Ok(Guarantee::AtLeastOnce),
+            other => Err(format!(
+                "unknown guarantee `{other}`: use \"exactly-once\" or \"at-least-once\""
+            )),
+        }
+    }
+}
+
+/// Settings of a pipeline.
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    /// Unique name; checkpoints live in a folder of this name.
+    pub name: String,
+    /// Delivery guarantee.
+    pub guarantee: Guarantee,
+    /// Source and sink subtasks.
+    pub parallelism: usize,
+    /// Checkpoint timing.
+    pub checkpoint: CheckpointConfig,
+    /// What to do after a failure.
+    pub restart: RestartStrategy,
+    /// Records per source poll at most.
+    pub batch_size: usize,
+    /// Batches buffered between a source and a sink subtask (back-pressure).
+    pub channel_capacity: usize,
+    /// Resume even when the latest checkpoint's fingerprint differs.
+    pub allow_fingerprint_change: bool,
+}
+
+impl PipelineConfig {
+    /// Defaults for a pipeline called `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        PipelineConfig {
+            name: name.into(),
+            guarantee: Guarantee::ExactlyOnce,
+            parallelism: 1,
+            checkpoint: CheckpointConfig::default(),
+            restart: RestartStrategy::default(),
+            batch_size: 500,
+            channel_capacity: 16,
+            allow_fingerprint_change: false,
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), PipelineError> {
+        let bad = |m: &str| Err(PipelineError::Config(m.to_string()));
+        if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name.starts_with('.') {
+            return bad("name must be non-empty, without path separators and not start with '.' (it names the checkpoint folder)");
+        }
+        if self.parallelism == 0 {
+            return bad("parallelism must be at least 1");
+        }
+        if self.batch_size == 0 || self.channel_capacity == 0 {
+            return bad("batch_size and channel_capacity must be at least 1");
+        }
+        if self.checkpoint.interval.is_zero() {
+            return bad("checkpoint.interval must be greater than zero");
+        }
+        if self.checkpoint.timeout.is_zero() {
+            return bad("checkpoint.timeout must be greater than zero");
+        }
+        Ok(())
+    }
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    /// The last checkpoint completed and committed.
+    pub last_checkpoint: Option<CheckpointId>,
+    /// Counters at the end.
+    pub metrics: MetricsSnapshot,
+}
