@@ -90,7 +90,11 @@ async fn a_checkpoint_committed_before_the_stop_is_not_committed_again() {
     let (first, store) = pipeline(root.path(), &recoveries);
     let summary = first.run(std::future::pending()).await.unwrap();
     let last = summary.last_checkpoint.expect("a checkpoint completed");
-    assert_eq!(store.committed_through().unwrap(), Some(last), "the final commits are recorded before run returns");
+    assert_eq!(
+        store.committed_through().unwrap(),
+        Some(last),
+        "the final commits are recorded before run returns"
+    );
 
     // The final checkpoint lists the transaction of its interval…
     let entry = store.latest().unwrap().expect("an entry");
