@@ -1,0 +1,387 @@
+//! The baselines, each run in a re-executed child of this bench (so its
+//! peak RSS and CPU are its own): the raw binary COPY (the sink's ceiling),
+//! the raw consume (the source's ceiling) and the minimal consume → COPY
+//! loop (the machine's ceiling, which the targets compare exactly with).
+//!
+//! Each prints `records=N` (and `copies=N` when it writes) on stdout.
+
+use std::pin::Pin;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+
+use crate::child::{log_dir, Running};
+use crate::runs::{env_u64, Kind};
+use crate::services::pg_connect;
+use crate::workload::{
+    copy_sql, order_json, owned_partitions, partition_of, RawJsonb, BATCH, CHECKPOINT_INTERVAL, COPY_SEGMENT_BYTES,
+    COPY_TYPES, PARALLELISM, PARTITIONS,
+};
+use crate::Ctx;
+
+/// Set in a re-executed child: which baseline it runs.
+pub const ROLE_ENV: &str = "EXACTLY_BENCH_ROLE";
+
+/// Starts baseline `kind` reading `topic` (and writing `table`); `follow`:
+/// it keeps reading (latency phase) until it gets SIGTERM, instead of
+/// stopping at the end offsets it found at start.
+pub fn spawn_baseline(ctx: &Ctx, kind: Kind, name: &str, topic: &str, table: &str, follow: bool) -> Result<Running> {
+    let mut cmd = Command::new(&ctx.me);
+    cmd.env(ROLE_ENV, kind.id())
+        .env("EXACTLY_BENCH_BOOTSTRAP", &ctx.bootstrap)
+        .env("EXACTLY_BENCH_TOPIC", topic)
+        .env("EXACTLY_BENCH_PG_URL", &ctx.pg_url)
+        .env("EXACTLY_BENCH_TABLE", table)
+        .env("EXACTLY_BENCH_RECORDS", ctx.settings.records.to_string())
+        .env("EXACTLY_BENCH_FOLLOW", if follow { "1" } else { "0" });
+    let phase = if follow { "lat" } else { "tp" };
+    Running::spawn(cmd, &log_dir().join(format!("{name}-{phase}.log")))
+}
+
+struct Args {
+    bootstrap: String,
+    topic: String,
+    pg_url: String,
+    table: String,
+    records: u64,
+    follow: bool,
+}
+
+fn var(name: &str) -> Result<String> {
+    std::env::var(name).with_context(|| {
+        format!("{name} is not set: baselines are started by the bench (`cargo bench --bench kafka_to_postgres`)")
+    })
+}
+
+/// The entry point of a re-executed child.
+pub fn main(role: &str) -> Result<()> {
+    let args = Args {
+        bootstrap: var("EXACTLY_BENCH_BOOTSTRAP")?,
+        topic: var("EXACTLY_BENCH_TOPIC")?,
+        pg_url: var("EXACTLY_BENCH_PG_URL")?,
+        table: var("EXACTLY_BENCH_TABLE")?,
+        records: env_u64("EXACTLY_BENCH_RECORDS", 1_000_000)?,
+        follow: std::env::var("EXACTLY_BENCH_FOLLOW").is_ok_and(|v| v == "1"),
+    };
+    match role {
+        "copy" => copy(&args),
+        "consume" => consume(&args),
+        "loop" => minimal_loop(&args),
+        other => bail!("unknown {ROLE_ENV} `{other}`: use copy, consume or loop"),
+    }
+}
+
+/// The rows of the workload, without Kafka: subtask `s` writes the
+/// partitions it would own, in one binary COPY on its own connection.
+fn copy(args: &Args) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let rows = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for s in 0..PARALLELISM {
+            let (url, table, n) = (args.pg_url.clone(), args.table.clone(), args.records);
+            tasks.push(tokio::spawn(async move {
+                let client = pg_connect(&url).await?;
+                let sink = client.copy_in(&copy_sql(&table)).await?;
+                let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &COPY_TYPES));
+                let ts = SystemTime::now();
+                let owned = owned_partitions(s);
+                for id in (0..n).filter(|id| owned.contains(&partition_of(*id))) {
+                    let (part, off, idv) = (partition_of(id), (id / PARTITIONS as u64) as i64, id as i64);
+                    let value = order_json(id);
+                    let payload = RawJsonb(value.as_bytes());
+                    writer.as_mut().write(&[&part, &off, &idv, &ts, &payload]).await?;
+                }
+                anyhow::Ok(writer.finish().await?)
+            }));
+        }
+        let mut rows = 0;
+        for t in tasks {
+            rows += t.await??;
+        }
+        anyhow::Ok(rows)
+    })?;
+    println!("records={rows}");
+    println!("copies={PARALLELISM}");
+    Ok(())
+}
+
+/// A consumer with the settings of the exactly Kafka source (explicit
+/// assignment, read_committed, no group commits, the source's prefetch
+/// defaults).
+fn raw_consumer(bootstrap: &str) -> Result<BaseConsumer> {
+    let mut config = ClientConfig::new();
+    config.extend(exactly_kafka::PREFETCH_DEFAULTS.map(|(k, v)| (k.to_string(), v.to_string())));
+    Ok(config
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "exactly-bench-raw")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .create()?)
+}
+
+/// Assigns `partitions` from the beginning and returns the consumer and,
+/// unless following, the end offsets it reads up to: the high watermarks
+/// the broker reports now, as the source reads them for `stop_at_end`.
+fn open(args: &Args, partitions: &[i32]) -> Result<(BaseConsumer, Vec<(i32, i64)>)> {
+    let consumer = raw_consumer(&args.bootstrap)?;
+    let mut ends = Vec::new();
+    if !args.follow {
+        for &p in partitions {
+            let (_, high) = consumer
+                .fetch_watermarks(&args.topic, p, Duration::from_secs(30))
+                .with_context(|| format!("reading the end offset of partition {p} of `{}`", args.topic))?;
+            ends.push((p, high));
+        }
+    }
+    let mut list = TopicPartitionList::new();
+    for &p in partitions {
+        list.add_partition_offset(&args.topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&list)?;
+    Ok((consumer, ends))
+}
+
+/// Tracks the next offset of each partition against its end.
+struct Progress {
+    next: Vec<(i32, i64, i64)>,
+}
+
+impl Progress {
+    fn new(ends: &[(i32, i64)]) -> Progress {
+        Progress {
+            next: ends.iter().map(|(p, e)| (*p, 0, *e)).collect(),
+        }
+    }
+    fn saw(&mut self, partition: i32, offset: i64) {
+        if let Some(e) = self.next.iter_mut().find(|e| e.0 == partition) {
+            e.1 = e.1.max(offset + 1);
+        }
+    }
+    fn done(&self) -> bool {
+        self.next.iter().all(|(_, next, end)| next >= end)
+    }
+}
+
+/// The source's ceiling: two consumers read their partitions to the end.
+fn consume(args: &Args) -> Result<()> {
+    let started = Instant::now();
+    let mut threads = Vec::new();
+    for s in 0..PARALLELISM {
+        let (consumer, ends) = open(args, &owned_partitions(s))?;
+        threads.push(std::thread::spawn(move || -> Result<(u64, u64)> {
+            let mut progress = Progress::new(&ends);
+            let (mut records, mut bytes) = (0u64, 0u64);
+            while !progress.done() {
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(m)) => {
+                        records += 1;
+                        bytes += m.payload().map_or(0, |p| p.len()) as u64;
+                        progress.saw(m.partition(), m.offset());
+                    }
+                    Some(Err(e)) => eprintln!("consumer error: {e}"),
+                    None => {}
+                }
+            }
+            Ok((records, bytes))
+        }));
+    }
+    eprintln!("[baseline] consume: assigned after {:.0?}", started.elapsed());
+    let (mut records, mut bytes) = (0, 0);
+    for t in threads {
+        let (r, b) = t.join().map_err(|_| anyhow!("a consumer panicked"))??;
+        records += r;
+        bytes += b;
+    }
+    eprintln!("[baseline] consume: {records} records after {:.0?}", started.elapsed());
+    println!("records={records}");
+    println!("bytes={bytes}");
+    Ok(())
+}
+
+struct Row {
+    part: i32,
+    off: i64,
+    id: i64,
+    ts: SystemTime,
+    payload: Vec<u8>,
+    /// Bytes of value and key: what the sink counts towards its segment.
+    data_bytes: usize,
+}
+
+#[derive(serde::Deserialize)]
+struct IdOnly {
+    id: i64,
+}
+
+/// The machine's ceiling: per subtask, a consumer thread converts records
+/// into rows (JSON parsed for the id, as the sink does) in batches of up to
+/// [`BATCH`], and an async task streams them into binary COPYs cut like the
+/// sink's (see [`copy_batches`]). No checkpoints, no explicit transactions:
+/// each COPY commits by itself.
+fn minimal_loop(args: &Args) -> Result<()> {
+    let started = Instant::now();
+    let rt = tokio::runtime::Runtime::new()?;
+    let mut consumers = Vec::new();
+    let mut writers = Vec::new();
+    for s in 0..PARALLELISM {
+        let (consumer, ends) = open(args, &owned_partitions(s))?;
+        let client = rt.block_on(pg_connect(&args.pg_url))?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<Row>>(4);
+        let follow = args.follow;
+        consumers.push(std::thread::spawn(move || read_batches(&consumer, &ends, follow, &tx)));
+        writers.push(rt.spawn(copy_batches(client, copy_sql(&args.table), rx)));
+    }
+    eprintln!(
+        "[baseline] loop: assigned and connected after {:.0?}",
+        started.elapsed()
+    );
+    println!("ready");
+    let mut consumed = 0;
+    for c in consumers {
+        consumed += c.join().map_err(|_| anyhow!("a consumer panicked"))??;
+    }
+    let (mut written, mut copies) = (0, 0);
+    for w in writers {
+        let (rows, n) = rt.block_on(w)??;
+        written += rows;
+        copies += n;
+    }
+    eprintln!(
+        "[baseline] loop: {written} rows in {copies} COPYs after {:.0?}",
+        started.elapsed()
+    );
+    println!("records={consumed}");
+    println!("rows={written}");
+    println!("copies={copies}");
+    Ok(())
+}
+
+/// Reads `consumer` up to `ends` (or forever when `follow`), handing batches
+/// of rows to `tx`: up to [`BATCH`] records, waiting at most 100 ms for the
+/// first one and then taking only what is already fetched. Returns the
+/// records read.
+fn read_batches(
+    consumer: &BaseConsumer,
+    ends: &[(i32, i64)],
+    follow: bool,
+    tx: &tokio::sync::mpsc::Sender<Vec<Row>>,
+) -> Result<u64> {
+    let mut progress = Progress::new(ends);
+    let mut records = 0;
+    while follow || !progress.done() {
+        let mut batch = Vec::with_capacity(BATCH);
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while batch.len() < BATCH {
+            let wait = if batch.is_empty() {
+                deadline.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            match consumer.poll(wait) {
+                Some(Ok(m)) => {
+                    let payload = m.payload().unwrap_or_default().to_vec();
+                    let id = serde_json::from_slice::<IdOnly>(&payload)
+                        .with_context(|| {
+                            format!(
+                                "record {} of partition {} has no numeric /id",
+                                m.offset(),
+                                m.partition()
+                            )
+                        })?
+                        .id;
+                    let ms = m.timestamp().to_millis().unwrap_or(0);
+                    progress.saw(m.partition(), m.offset());
+                    batch.push(Row {
+                        part: m.partition(),
+                        off: m.offset(),
+                        id,
+                        ts: UNIX_EPOCH + Duration::from_millis(ms as u64),
+                        data_bytes: payload.len() + m.key().map_or(0, <[u8]>::len),
+                        payload,
+                    });
+                }
+                Some(Err(e)) => eprintln!("consumer error: {e}"),
+                None if !batch.is_empty() || Instant::now() >= deadline => break,
+                None => {}
+            }
+        }
+        if !batch.is_empty() {
+            records += batch.len() as u64;
+            if tx.blocking_send(batch).is_err() {
+                bail!("the COPY task stopped (see its error)");
+            }
+        }
+    }
+    Ok(records)
+}
+
+type OpenCopy = Pin<Box<BinaryCopyInWriter>>;
+
+/// Streams batches into binary COPYs on `client`, each committing by itself
+/// (autocommit), cut like the PostgreSQL sink's COPYs: after
+/// [`COPY_SEGMENT_BYTES`] of record data (values and keys). A COPY is also
+/// finished [`CHECKPOINT_INTERVAL`] after it began, so that when data comes
+/// slowly (the latency phase) rows become visible at least as often as the
+/// pipelines commit; at full speed a segment fills long before that. A
+/// momentarily empty queue does not end a COPY. Returns (rows, COPYs).
+async fn copy_batches(
+    client: tokio_postgres::Client,
+    statement: String,
+    mut rx: tokio::sync::mpsc::Receiver<Vec<Row>>,
+) -> Result<(u64, u64)> {
+    let (mut rows, mut copies) = (0, 0);
+    let mut open: Option<(OpenCopy, tokio::time::Instant)> = None;
+    let mut bytes = 0;
+    loop {
+        let next = match &open {
+            Some((_, cut_at)) => match tokio::time::timeout_at(*cut_at, rx.recv()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    // The COPY is a checkpoint interval old.
+                    rows += finish(&mut open, &mut copies).await?;
+                    bytes = 0;
+                    continue;
+                }
+            },
+            None => rx.recv().await,
+        };
+        let Some(batch) = next else { break };
+        let (writer, _) = match &mut open {
+            Some(open) => open,
+            None => {
+                let writer = BinaryCopyInWriter::new(client.copy_in(&statement).await?, &COPY_TYPES);
+                open.insert((Box::pin(writer), tokio::time::Instant::now() + CHECKPOINT_INTERVAL))
+            }
+        };
+        for r in &batch {
+            let payload = RawJsonb(&r.payload);
+            writer
+                .as_mut()
+                .write(&[&r.part, &r.off, &r.id, &r.ts, &payload])
+                .await?;
+            bytes += r.data_bytes;
+        }
+        if bytes >= COPY_SEGMENT_BYTES {
+            rows += finish(&mut open, &mut copies).await?;
+            bytes = 0;
+        }
+    }
+    rows += finish(&mut open, &mut copies).await?;
+    Ok((rows, copies))
+}
+
+/// Finishes the open COPY, if any (its rows commit), counting it.
+async fn finish(open: &mut Option<(OpenCopy, tokio::time::Instant)>, copies: &mut u64) -> Result<u64> {
+    let Some((mut writer, _)) = open.take() else {
+        return Ok(0);
+    };
+    *copies += 1;
+    Ok(writer.as_mut().finish().await?)
+}

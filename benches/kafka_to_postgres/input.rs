@@ -1,0 +1,153 @@
+//! The input: the preloaded topic every throughput run reads, and the steady
+//! stream of the latency phases.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use exactly_kafka::admin::KafkaAdmin;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+
+use crate::workload::{order_json, partition_of, records_in_partition, unix_ms_now, PARTITIONS};
+
+pub async fn create_topic(bootstrap: &str, topic: &str) -> Result<()> {
+    KafkaAdmin::new(bootstrap)
+        .create_topic(topic, PARTITIONS)
+        .await
+        .with_context(|| {
+            format!("creating topic `{topic}` ({PARTITIONS} partitions); on an external Kafka it must not exist yet")
+        })
+}
+
+/// Creates `topic` and produces records `0..n` into it (idempotent,
+/// `acks=all`), then checks that the broker's end offsets are the records
+/// produced: the ends the bounded pipelines and the baselines read up to.
+pub fn preload(rt: &tokio::runtime::Runtime, bootstrap: &str, topic: &str, n: u64, linger_ms: u64) -> Result<()> {
+    rt.block_on(async {
+        create_topic(bootstrap, topic).await?;
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", linger_ms.to_string())
+            .set("batch.size", "1000000")
+            .set("message.timeout.ms", "300000")
+            .create()?;
+        let mut pending = Vec::new();
+        for id in 0..n {
+            let (key, value) = (id.to_string(), order_json(id));
+            let mut record = FutureRecord::to(topic)
+                .key(key.as_bytes())
+                .payload(value.as_bytes())
+                .partition(partition_of(id));
+            loop {
+                match producer.send_result(record) {
+                    Ok(delivery) => break pending.push(delivery),
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err((e, _)) => bail!("producing record {id}: {e}"),
+                }
+            }
+            if pending.len() >= 50_000 || id + 1 == n {
+                for delivery in pending.drain(..) {
+                    delivery
+                        .await
+                        .map_err(|_| anyhow!("the producer was dropped"))?
+                        .map_err(|(e, _)| anyhow!("delivery failed: {e}"))?;
+                }
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    let ends = end_offsets(bootstrap, topic, &(0..PARTITIONS).collect::<Vec<_>>())?;
+    for (p, end) in ends {
+        let produced = records_in_partition(n, p);
+        if end != produced {
+            bail!(
+                "partition {p} of `{topic}` ends at offset {end}, but {produced} records were produced into it: \
+                 the broker lost or duplicated records (is another producer writing to `{topic}`?)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The end offset (high watermark) of each of `partitions`, as the source
+/// reads it for `stop_at_end`.
+pub fn end_offsets(bootstrap: &str, topic: &str, partitions: &[i32]) -> Result<Vec<(i32, i64)>> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    partitions
+        .iter()
+        .map(|&p| {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(30))
+                .with_context(|| format!("reading the end offset of partition {p} of `{topic}`"))?;
+            Ok((p, high))
+        })
+        .collect()
+}
+
+/// One produced record: partition, offset, produce time and time its
+/// delivery was acknowledged (Unix ms).
+pub type Produced = (i32, i64, f64, f64);
+
+/// Produces `rate` records/s for `secs` seconds into `topic`, each with its
+/// produce time as the Kafka timestamp, and returns where each landed.
+pub fn produce_steadily(bootstrap: &str, topic: &str, rate: u64, secs: u64) -> Result<Vec<Produced>> {
+    // The deliveries are awaited on the worker thread as they come, so their
+    // acknowledgement times are exact.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .create()?;
+        let total = rate * secs;
+        let started = Instant::now();
+        let mut pending = Vec::with_capacity(total as usize);
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut sent = 0u64;
+        while sent < total {
+            tick.tick().await;
+            let due = ((started.elapsed().as_secs_f64() * rate as f64) as u64 + 1).min(total);
+            while sent < due {
+                let now = unix_ms_now();
+                let value = order_json(sent);
+                let key = sent.to_string();
+                let record = FutureRecord::to(topic)
+                    .payload(value.as_bytes())
+                    .key(key.as_bytes())
+                    .partition(partition_of(sent))
+                    .timestamp(now as i64);
+                let delivery = producer
+                    .send_result(record)
+                    .map_err(|(e, _)| anyhow!("producing the latency records: {e}"))?;
+                let ts = now.floor();
+                pending.push(tokio::spawn(async move {
+                    let outcome = delivery.await;
+                    (ts, unix_ms_now(), outcome)
+                }));
+                sent += 1;
+            }
+        }
+        let mut produced = Vec::with_capacity(pending.len());
+        for task in pending {
+            let (ts, acked, outcome) = task.await?;
+            let d = outcome
+                .map_err(|_| anyhow!("the producer was dropped"))?
+                .map_err(|(e, _)| anyhow!("delivery failed: {e}"))?;
+            produced.push((d.partition, d.offset, ts, acked));
+        }
+        anyhow::Ok(produced)
+    })
+}
