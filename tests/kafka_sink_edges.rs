@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use exactly_kafka::admin::{KafkaAdmin, ProduceRecord};
+use exactly_kafka::admin::KafkaAdmin;
 use exactly_kafka::wire::kafka_protocol::messages::api_versions_response::ApiVersion;
 use exactly_kafka::wire::kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestHeader, ResponseHeader};
 use exactly_kafka::wire::kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
@@ -58,25 +58,71 @@ fn create_topic(bootstrap: &str, topic: &str) {
     });
 }
 
-/// Produces `v-<i>` (key `k-<i>`) for every `i` of `range`.
-fn produce(bootstrap: &str, topic: &str, range: std::ops::Range<usize>) {
-    runtime().block_on(async {
-        let records = range.map(|i| {
-            ProduceRecord::new(format!("v-{i}"))
-                .with_key(format!("k-{i}"))
-                .to_partition(i as i32 % PARTITIONS)
-        });
-        KafkaAdmin::new(bootstrap)
-            .produce(topic, records)
-            .await
-            .expect("producing the input")
-    });
+/// Records of a [`Feed`] per chunk, and the pause after each chunk: 2,000
+/// records a second at most.
+const FEED_CHUNK: usize = 50;
+const FEED_PAUSE: Duration = Duration::from_millis(25);
+
+/// Produces `v-<i>` (key `k-<i>`, partition `i % PARTITIONS`) for `range`
+/// from a background thread at a steady pace,
+/// so a pipeline reading them as they come spans many checkpoints however
+/// fast the machine (read at full speed, records produced beforehand reach
+/// the sink within the first checkpoint intervals).
+struct Feed(std::thread::JoinHandle<()>);
+
+impl Feed {
+    fn start(bootstrap: &str, topic: &str, range: std::ops::Range<usize>) -> Feed {
+        let (bootstrap, topic) = (bootstrap.to_string(), topic.to_string());
+        Feed(std::thread::spawn(move || {
+            use rdkafka::producer::{FutureProducer, FutureRecord};
+            // One producer for the whole feed: creating one per chunk costs
+            // more than the pause.
+            let producer: FutureProducer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "1")
+                .create()
+                .expect("a producer for the feed");
+            runtime().block_on(async {
+                for start in range.clone().step_by(FEED_CHUNK) {
+                    let sent: Vec<_> = (start..(start + FEED_CHUNK).min(range.end))
+                        .map(|i| {
+                            let (key, value) = (format!("k-{i}"), format!("v-{i}"));
+                            let record = FutureRecord::to(&topic)
+                                .key(&key)
+                                .payload(&value)
+                                .partition(i as i32 % PARTITIONS);
+                            producer
+                                .send_result(record)
+                                .map_err(|(e, _)| e)
+                                .expect("queueing a record")
+                        })
+                        .collect();
+                    for delivery in sent {
+                        delivery
+                            .await
+                            .expect("delivery")
+                            .map_err(|(e, _)| e)
+                            .expect("delivering a record");
+                    }
+                    tokio::time::sleep(FEED_PAUSE).await;
+                }
+            })
+        }))
+    }
+
+    /// Waits until every record is produced.
+    fn finish(self) {
+        self.0.join().expect("the feed thread panicked");
+    }
 }
 
 /// A Kafka → Kafka pipeline file in `dir`: `input` copied to a new output
 /// topic, bounded (`stop_at_end`), parallelism 2. `checkpoint` and
 /// `restart` are the bodies of those sections, `sink` is added to
-/// `[sink.kafka]`. Returns the file and the output topic.
+/// `[sink.kafka]`. Returns the file and the output topic. It runs until
+/// SIGTERM ([`stop_after`]); [`Copy::bounded`] makes it stop at the end
+/// the input has when it starts.
 struct Copy {
     config: PathBuf,
     bootstrap: String,
@@ -106,7 +152,6 @@ dir = "checkpoints"
 [source.kafka]
 bootstrap = "{bootstrap}"
 topic = "{input}"
-stop_at_end = true
 properties = {{ "fetch.max.bytes" = "2048", "max.partition.fetch.bytes" = "1024", "message.max.bytes" = "2000" }}
 
 [sink.kafka]
@@ -126,6 +171,13 @@ transactional_id_prefix = "{name}"
 }
 
 impl Copy {
+    /// Adds `stop_at_end = true` to the source.
+    fn bounded(&self) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let text = text.replace("[source.kafka]\n", "[source.kafka]\nstop_at_end = true\n");
+        std::fs::write(&self.config, text).unwrap();
+    }
+
     /// Every `v-<i>` of `0..records` exactly once in the output, as both a
     /// plain read_committed consumer and the log-level committed reader see
     /// it, with no transaction left open.
@@ -172,15 +224,19 @@ impl Copy {
         );
     }
 
+    /// The latest checkpoint entry.
+    fn latest_entry(&self) -> exactly::core::CheckpointEntry {
+        let file = exactly::config::PipelineFile::load(&self.config).expect("the pipeline file");
+        let store = file.store();
+        exactly::core::CheckpointStore::latest(&store)
+            .expect("reading the checkpoints")
+            .expect("a checkpoint")
+    }
+
     /// The committables the latest checkpoint entry lists, for every sink
     /// subtask.
     fn listed_committables(&self) -> Vec<KafkaCommittable> {
-        let file = exactly::config::PipelineFile::load(&self.config).expect("the pipeline file");
-        let store = file.store();
-        let entry = exactly::core::CheckpointStore::latest(&store)
-            .expect("reading the checkpoints")
-            .expect("a checkpoint");
-        entry
+        self.latest_entry()
             .checkpoint
             .pending
             .values()
@@ -188,11 +244,6 @@ impl Copy {
             .map(|p| serde_json::from_value(p.committable.clone()).expect("a Kafka committable"))
             .collect()
     }
-}
-
-/// Runs the pipeline with extra environment variables, in the foreground.
-fn run_env(config: &Path, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
-    run_with_env(config, None, &[], env)
 }
 
 /// Edge 1. A checkpoint is held up: one sink subtask stalls for 14 s after a
@@ -211,8 +262,8 @@ fn a_transaction_held_up_past_its_timeout_is_replayed_not_lost() {
         .expect("a broker with a 10 s transaction limit");
     let input = unique("held-in");
     create_topic(kafka.bootstrap(), &input);
-    const RECORDS: usize = 30_000;
-    produce(kafka.bootstrap(), &input, 0..RECORDS);
+    const RECORDS: usize = 6_000;
+    let feed = Feed::start(kafka.bootstrap(), &input, 0..RECORDS);
     let dir = tempfile::tempdir().unwrap();
     let copy = copy_pipeline(
         dir.path(),
@@ -222,8 +273,9 @@ fn a_transaction_held_up_past_its_timeout_is_replayed_not_lost() {
         "strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 5",
         "transaction_timeout = \"10s\"",
     );
-    let (status, log) = run_env(&copy.config, &[("EXACTLY_DELAY_AT", "sink.after_pre_commit:3=14s")]);
-    assert!(status.success(), "the pipeline failed:\n{log}");
+    let run = spawn_with_env(&copy.config, &[("EXACTLY_DELAY_AT", "sink.after_pre_commit:3=14s")]);
+    feed.finish();
+    let log = stop_after(run, &copy.bootstrap, &copy.output, RECORDS);
     assert!(
         log.contains("delay point reached"),
         "the checkpoint was never held up:\n{log}"
@@ -270,48 +322,44 @@ fn stop_after(mut run: Background, bootstrap: &str, output: &str, at_least: usiz
 /// Edge 2. The pipeline is stopped gracefully mid-stream (its last
 /// checkpoint lists the transactions of its interval, committed right after
 /// it was persisted), then stays stopped until the broker expired its
-/// transactional ids (`transactional.id.expiration.ms` = 2 s): EndTxn on
+/// transactional ids (`transactional.id.expiration.ms` = 10 s): EndTxn on
 /// them now answers INVALID_PRODUCER_ID_MAPPING. The restart must know they
 /// were committed and not report them lost.
 #[test]
 fn a_pipeline_stopped_past_the_id_expiration_restarts_cleanly() {
     let kafka = KafkaBroker::builder()
-        .setting("transactional.id.expiration.ms", 2_000)
+        .setting("transactional.id.expiration.ms", 10_000)
         .setting("transaction.remove.expired.transaction.cleanup.interval.ms", 500)
         .start()
-        .expect("a broker that expires transactional ids after 2 s");
+        .expect("a broker that expires transactional ids after 10 s");
     let input = unique("expire-in");
     create_topic(kafka.bootstrap(), &input);
-    const RECORDS: usize = 30_000;
-    produce(kafka.bootstrap(), &input, 0..RECORDS);
+    const RECORDS: usize = 10_000;
+    let feed = Feed::start(kafka.bootstrap(), &input, 0..RECORDS);
     let dir = tempfile::tempdir().unwrap();
     let copy = copy_pipeline(
         dir.path(),
         kafka.bootstrap(),
         &input,
-        "interval = \"100ms\"",
-        // A pooled id left idle for 2 s expires even while the pipeline runs
-        // (its next transaction fails and the attempt restarts): an artifact
-        // of the short expiration, recovered from like any transient error.
-        "strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 10",
+        // Each of the 5 pooled ids of a subtask is used every 5 intervals,
+        // well within the expiration while the pipeline runs.
+        "interval = \"500ms\"",
+        "strategy = \"none\"",
         "",
     );
-    // Unbounded: it runs until SIGTERM.
-    let text = std::fs::read_to_string(&copy.config)
-        .unwrap()
-        .replace("stop_at_end = true\n", "");
-    std::fs::write(&copy.config, text).unwrap();
-    stop_after(spawn(&copy.config), &copy.bootstrap, &copy.output, 2_000);
+    // Stopped while the feed still produces: the last interval has records.
+    let log = stop_after(spawn(&copy.config), &copy.bootstrap, &copy.output, 2_000);
     let listed = copy.listed_committables();
     assert!(
         !listed.is_empty(),
-        "the last checkpoint lists the transactions of its interval"
+        "the last checkpoint lists the transactions of its interval: {:?}\n{log}",
+        copy.latest_entry()
     );
 
     // Wait until the broker forgot the listed ids.
     let wire = WireClient::new(kafka.bootstrap()).unwrap();
     let expired = runtime().block_on(async {
-        for _ in 0..60 {
+        for _ in 0..120 {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let c = &listed[0];
             let answer = wire.end_txn(&c.transactional_id, c.producer_id, c.epoch, true).await;
@@ -327,6 +375,7 @@ fn a_pipeline_stopped_past_the_id_expiration_restarts_cleanly() {
         listed[0].transactional_id
     );
 
+    feed.finish();
     let log = stop_after(spawn(&copy.config), &copy.bootstrap, &copy.output, RECORDS);
     assert!(
         log.contains("every transaction the checkpoint lists was committed before the stop"),
@@ -456,8 +505,8 @@ fn closed_and_refused_connections_during_recovery_are_retried() {
     let mut kafka = KafkaBroker::start().expect("a broker of this test's own");
     let input = unique("restart-in");
     create_topic(kafka.bootstrap(), &input);
-    const RECORDS: usize = 20_000;
-    produce(kafka.bootstrap(), &input, 0..RECORDS);
+    const RECORDS: usize = 4_000;
+    let feed = Feed::start(kafka.bootstrap(), &input, 0..RECORDS);
     let dir = tempfile::tempdir().unwrap();
     let copy = copy_pipeline(
         dir.path(),
@@ -468,9 +517,12 @@ fn closed_and_refused_connections_during_recovery_are_retried() {
         "",
     );
     run_killed_at(&copy.config, "coordinator.after_persist:3");
+    feed.finish();
+    copy.bounded();
     assert!(
         !copy.listed_committables().is_empty(),
-        "the crash left transactions to commit"
+        "the crash left transactions to commit: {:?}",
+        copy.latest_entry()
     );
 
     let recovery = spawn_with_env(&copy.config, &[("EXACTLY_DELAY_AT", "kafka_sink.before_end_txn=6s")]);
