@@ -102,31 +102,95 @@ fn order(id: i64) -> ProduceRecord {
     .to_partition((id % PARTITIONS as i64) as i32)
 }
 
-/// Records per batch of the input; see [`PACED_FETCHES`].
-const INPUT_BATCH: &str = "10";
-
-/// Creates `topic` and produces `values` into it, [`INPUT_BATCH`] records
-/// per batch.
-fn produce(bootstrap: &str, topic: &str, records: Vec<ProduceRecord>) {
+/// Creates `topic` with [`PARTITIONS`] partitions.
+fn create_topic(bootstrap: &str, topic: &str) {
     runtime().block_on(async {
-        let admin = KafkaAdmin::new(bootstrap).with_property("batch.num.messages", INPUT_BATCH);
-        admin.create_topic(topic, PARTITIONS).await.expect("creating the topic");
-        admin.produce(topic, records).await.expect("producing");
+        KafkaAdmin::new(bootstrap)
+            .create_topic(topic, PARTITIONS)
+            .await
+            .expect("creating the topic")
     });
 }
 
-/// The source reads at a steady pace whatever the machine's speed, so a
-/// run spans many checkpoints (the crash points that count checkpoints are
-/// reached) and an outage hits a run in progress: a Fetch answer holds at
-/// most 1 KiB, which is one input batch (Kafka sends a whole first batch
-/// even when it is larger), and asks for more bytes than that
-/// (`fetch.min.bytes`), so the broker holds every Fetch for
-/// `fetch.wait.max.ms`: about ten records per 10 ms and subtask. Read at
-/// full speed, all 4,000 orders of a test reach the sink within the first
-/// checkpoint interval.
-const PACED_FETCHES: &str = "\n[source.kafka.properties]\n\"fetch.max.bytes\" = \"1024\"\n\
-                             \"max.partition.fetch.bytes\" = \"1024\"\n\"message.max.bytes\" = \"1000\"\n\
-                             \"fetch.min.bytes\" = \"1048576\"\n\"fetch.wait.max.ms\" = \"10\"\n";
+/// Creates `topic` and produces `records` into it.
+fn produce(bootstrap: &str, topic: &str, records: Vec<ProduceRecord>) {
+    create_topic(bootstrap, topic);
+    runtime().block_on(async {
+        KafkaAdmin::new(bootstrap)
+            .produce(topic, records)
+            .await
+            .expect("producing");
+    });
+}
+
+/// Orders of a [`Feed`] per chunk, and the pause after each chunk.
+const FEED_CHUNK: i64 = 50;
+const FEED_PAUSE: Duration = Duration::from_millis(25);
+
+/// Orders `0..count` produced from a background thread at a steady pace
+/// ([`FEED_CHUNK`] orders, then [`FEED_PAUSE`]; 4,000 orders take at least
+/// 2 s), so a pipeline reading them as they come spans many checkpoints
+/// and an outage hits it mid-stream, however fast the machine: read at full
+/// speed, 4,000 orders produced beforehand reach the sink within two or
+/// three checkpoint intervals.
+struct Feed {
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Feed {
+    /// Creates `topic` and starts producing, with one idempotent producer
+    /// that waits for each chunk's deliveries before the pause.
+    fn start(bootstrap: &str, topic: &str, count: i64) -> Feed {
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        create_topic(bootstrap, topic);
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            // Rides out the outages of the broker tests.
+            .set("message.timeout.ms", "120000")
+            .create()
+            .expect("creating the feed's producer");
+        let topic = topic.to_string();
+        let thread = std::thread::spawn(move || {
+            runtime().block_on(async {
+                for start in (0..count).step_by(FEED_CHUNK as usize) {
+                    let chunk: Vec<ProduceRecord> = (start..(start + FEED_CHUNK).min(count)).map(order).collect();
+                    let mut deliveries = Vec::with_capacity(chunk.len());
+                    for record in &chunk {
+                        let key = record.key.as_deref().expect("orders have keys");
+                        let partition = record.partition.expect("orders name their partition");
+                        let message = FutureRecord::to(&topic)
+                            .key(key)
+                            .payload(&record.value)
+                            .partition(partition);
+                        let delivery = producer.send_result(message).map_err(|(e, _)| e);
+                        deliveries.push(delivery.expect("queueing an order of the feed"));
+                    }
+                    for delivery in deliveries {
+                        let delivered = delivery.await.expect("the feed's producer is alive");
+                        delivered.map_err(|(e, _)| e).expect("delivering an order of the feed");
+                    }
+                    tokio::time::sleep(FEED_PAUSE).await;
+                }
+            })
+        });
+        Feed { thread }
+    }
+
+    /// Whether orders are still being produced.
+    fn is_running(&self) -> bool {
+        !self.thread.is_finished()
+    }
+
+    /// Waits until every order is produced.
+    fn finish(self) {
+        if let Err(panic) = self.thread.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
 
 fn pipeline_file(dir: &Path, name: &str, guarantee: &str, s: &Services, topic: &str, table: &str) -> PathBuf {
     let file = dir.join(format!("{name}.toml"));
@@ -140,10 +204,41 @@ fn pipeline_file(dir: &Path, name: &str, guarantee: &str, s: &Services, topic: &
                 "strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 100"
             ),
             sections = exactly::config::orders_sections(s.bootstrap(), topic, s.postgres.url(), table),
-        ) + PACED_FETCHES,
+        ),
     )
     .unwrap();
     file
+}
+
+/// A copy of the pipeline file `bounded` (`<name>.toml`) that reads the
+/// topic as it grows (`stop_at_end = false`), in the same folder, so both
+/// share the checkpoints: `<name>-unbounded.toml`.
+fn unbounded(bounded: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(bounded).unwrap();
+    assert!(text.contains("stop_at_end = true"), "{text}");
+    let stem = bounded.file_stem().unwrap().to_string_lossy();
+    let file = bounded.with_file_name(format!("{stem}-unbounded.toml"));
+    std::fs::write(&file, text.replace("stop_at_end = true", "stop_at_end = false")).unwrap();
+    file
+}
+
+/// Kills a pipeline reading the [`Feed`] of `topic` (ORDERS orders) at each
+/// of `points` in turn, then, once every order is produced, runs it to the
+/// end of the topic.
+fn crash_while_fed(s: &Services, dir: &Path, name: &str, guarantee: &str, table: &str, points: &[&str]) {
+    let topic = unique(name);
+    let bounded = pipeline_file(dir, name, guarantee, s, &topic, table);
+    let fed = unbounded(&bounded);
+    let feed = Feed::start(s.bootstrap(), &topic, ORDERS);
+    for point in points {
+        run_killed_at(&fed, point);
+        assert!(
+            feed.is_running(),
+            "{name}: the feed ended before the crash at {point}; the crash did not hit a run in progress"
+        );
+    }
+    feed.finish();
+    run_to_completion(&bounded);
 }
 
 struct TableState {
@@ -218,13 +313,10 @@ fn assert_exactly_once(state: &TableState, produced: i64, what: &str) {
 #[test]
 fn kafka_to_postgres_is_exactly_once_under_sigkill_at_every_phase() {
     let s = Services::start(Disturbs::Nothing);
-    let topic = unique("orders_matrix");
-    produce(s.bootstrap(), &topic, (0..ORDERS).map(order).collect());
     let dir = tempfile::tempdir().unwrap();
     for (i, (name, points)) in TWO_PHASE_CRASH_CASES.iter().enumerate() {
         let table = unique(&format!("matrix{i}"));
-        let config = pipeline_file(dir.path(), name, "exactly-once", &s, &topic, &table);
-        crash_then_finish(&config, points);
+        crash_while_fed(&s, dir.path(), name, "exactly-once", &table, points);
         assert_exactly_once(&table_state(s.postgres.url(), &table), ORDERS, name);
     }
 }
@@ -234,12 +326,16 @@ fn kafka_to_postgres_is_exactly_once_under_sigkill_at_every_phase() {
 #[test]
 fn at_least_once_shows_duplicates_after_the_same_crash() {
     let s = Services::start(Disturbs::Nothing);
-    let topic = unique("orders_alo");
-    produce(s.bootstrap(), &topic, (0..ORDERS).map(order).collect());
     let dir = tempfile::tempdir().unwrap();
     let table = unique("alo");
-    let config = pipeline_file(dir.path(), "alo", "at-least-once", &s, &topic, &table);
-    crash_then_finish(&config, &["coordinator.before_persist:3"]);
+    crash_while_fed(
+        &s,
+        dir.path(),
+        "alo",
+        "at-least-once",
+        &table,
+        &["coordinator.before_persist:3"],
+    );
     let state = table_state(s.postgres.url(), &table);
     let expected: BTreeSet<i64> = (0..ORDERS).collect();
     assert_eq!(state.ids, expected, "no loss");
@@ -247,46 +343,65 @@ fn at_least_once_shows_duplicates_after_the_same_crash() {
     assert!(state.rows > ORDERS, "duplicates expected, found {} rows", state.rows);
 }
 
-/// Orders of the outage tests: enough that the run is still writing when
-/// the outage begins, right after its first rows are committed.
+/// Orders of the outage tests: a [`Feed`] of at least 5 s.
 const OUTAGE_ORDERS: i64 = 10_000;
 
-/// Runs a pipeline over [`OUTAGE_ORDERS`] orders and starts `outage` as soon
-/// as its first rows are committed; the run must ride it out and end with
-/// every order exactly once.
+/// Runs a pipeline on a [`Feed`] of [`OUTAGE_ORDERS`] orders and starts
+/// `outage` as soon as its first rows are committed, while orders are still
+/// being produced; the run must ride it out, and once every order is
+/// committed, SIGTERM must end it cleanly with every order exactly once.
 fn run_with_outage(name: &str, disturbs: Disturbs, outage: impl FnOnce(&mut Services)) {
     let mut s = Services::start(disturbs);
     let topic = unique(name);
-    produce(s.bootstrap(), &topic, (0..OUTAGE_ORDERS).map(order).collect());
     let dir = tempfile::tempdir().unwrap();
     let table = unique(name);
-    let config = pipeline_file(dir.path(), name, "exactly-once", &s, &topic, &table);
-    let mut child = spawn(&config);
+    let fed = unbounded(&pipeline_file(dir.path(), name, "exactly-once", &s, &topic, &table));
+    let feed = Feed::start(s.bootstrap(), &topic, OUTAGE_ORDERS);
+    let mut child = spawn(&fed);
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(60);
-    let before = loop {
-        assert!(child.is_running(), "{name}: the pipeline ended before the outage");
-        let rows = committed_rows(s.postgres.url(), &table);
-        if rows > 0 {
-            break rows;
-        }
-        assert!(Instant::now() < deadline, "{name}: no row committed within 60 s");
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(before) = wait_for_rows(&s, &table, &mut child, 1) else {
+        let (status, _, log) = wait(child, Duration::from_secs(10));
+        panic!("{name}: the pipeline ended before the outage ({status}):\n{log}");
     };
     // The outage must hit a run in progress, or the test proves nothing.
-    assert!(child.is_running(), "{name}: the pipeline ended before the outage");
     assert!(
-        before < OUTAGE_ORDERS,
-        "{name}: every row was committed before the outage"
+        feed.is_running() && before < OUTAGE_ORDERS,
+        "{name}: the input was complete before the outage ({before} rows committed)"
     );
     println!(
         "{name}: outage after {:?}, {before} of {OUTAGE_ORDERS} rows committed",
         started.elapsed()
     );
     outage(&mut s);
-    let (status, _, log) = wait(child, Duration::from_secs(240));
+    feed.finish();
+    if wait_for_rows(&s, &table, &mut child, OUTAGE_ORDERS).is_none() {
+        let (status, _, log) = wait(child, Duration::from_secs(10));
+        panic!("{name}: the pipeline ended ({status}) before every order was committed:\n{log}");
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let (status, _, log) = wait(child, Duration::from_secs(60));
     assert!(status.success(), "{name}: the pipeline failed:\n{log}");
     assert_exactly_once(&table_state(s.postgres.url(), &table), OUTAGE_ORDERS, name);
+}
+
+/// Waits (at most 120 s) until `table` holds at least `rows` committed rows
+/// and returns their count; `None` if `child` ended first.
+fn wait_for_rows(s: &Services, table: &str, child: &mut Background, rows: i64) -> Option<i64> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if !child.is_running() {
+            return None;
+        }
+        let committed = committed_rows(s.postgres.url(), table);
+        if committed >= rows {
+            return Some(committed);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{table}: {committed} rows committed after 120 s, waiting for {rows}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
