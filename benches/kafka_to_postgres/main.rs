@@ -133,7 +133,11 @@ fn bench() -> Result<()> {
     let services = Services::start()?;
     let pg = Pg::connect(services.postgres.url())?;
     let ctx = Ctx {
-        cpu: CpuProbe::new(services.broker_pid(), services.postgres.data_dir()),
+        cpu: CpuProbe::new(
+            services.broker_pid(),
+            services.postgres.data_dir(),
+            services.redis.url(),
+        ),
         exactly,
         me: std::env::current_exe()?,
         work: work.path().to_path_buf(),
@@ -304,7 +308,12 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
     std::thread::sleep(Duration::from_millis(500));
     let cpu_after = ctx.cpu.sample();
     outcome.cpu_wall = cpu_started.elapsed();
-    outcome.cpu = Some(CpuUse::between(finished.cpu_s, cpu_before, cpu_after));
+    outcome.cpu = Some(CpuUse::between(
+        finished.cpu_s,
+        cpu_before,
+        cpu_after,
+        kind == Kind::RedisFenced,
+    ));
     let xid_after = ctx.pg.rt.block_on(pg_next_xid(&ctx.pg.client))?;
     outcome.transactions = match scripts_before {
         Some(before) => Some(redis_scripts_run(&ctx.redis_url)?.saturating_sub(before)),

@@ -6,12 +6,13 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-/// CPU seconds of one run: the measured process, the broker, PostgreSQL,
-/// and the whole machine (every process, this bench and others included).
+/// CPU seconds of one run: the measured process, the broker, the store it
+/// writes (PostgreSQL, or Redis for the Redis row), and the whole machine
+/// (every process, this bench and others included).
 pub struct CpuUse {
     pub process_s: f64,
     pub broker_s: Option<f64>,
-    pub postgres_s: Option<f64>,
+    pub store_s: Option<f64>,
     pub machine_s: Option<f64>,
     /// Time the hypervisor ran something else while this VM wanted a CPU.
     pub steal_s: Option<f64>,
@@ -22,30 +23,38 @@ pub struct CpuUse {
 pub struct CpuSample {
     broker_s: Option<f64>,
     postgres_s: Option<f64>,
+    redis_s: Option<f64>,
     machine_s: Option<f64>,
     steal_s: Option<f64>,
 }
 
 impl CpuUse {
     /// What the services and the machine used between `before` and `after`,
-    /// beside `process_s` of the measured child.
-    pub fn between(process_s: f64, before: CpuSample, after: CpuSample) -> CpuUse {
+    /// beside `process_s` of the measured child, which wrote into Redis or
+    /// PostgreSQL.
+    pub fn between(process_s: f64, before: CpuSample, after: CpuSample, into_redis: bool) -> CpuUse {
         let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
         CpuUse {
             process_s,
             broker_s: delta(after.broker_s, before.broker_s),
-            postgres_s: delta(after.postgres_s, before.postgres_s),
+            store_s: if into_redis {
+                delta(after.redis_s, before.redis_s)
+            } else {
+                delta(after.postgres_s, before.postgres_s)
+            },
             machine_s: delta(after.machine_s, before.machine_s),
             steal_s: delta(after.steal_s, before.steal_s),
         }
     }
 }
 
-/// Reads the CPU time the broker and PostgreSQL have used so far, from /proc.
+/// Reads the CPU time the broker, PostgreSQL and Redis have used so far:
+/// from /proc, and from Redis itself (`INFO cpu`).
 pub struct CpuProbe {
     /// The broker's JVM (every thread of it: `/proc/<pid>/stat` sums them).
     broker: Option<u32>,
     postmaster: Option<u32>,
+    redis_url: String,
     ticks_per_s: f64,
 }
 
@@ -72,7 +81,7 @@ fn all_pids() -> Vec<u32> {
 impl CpuProbe {
     /// `broker`: the JVM's pid (none for an external Kafka); `pg_data_dir`:
     /// where the postmaster writes its pid (none for an external server).
-    pub fn new(broker: Option<u32>, pg_data_dir: Option<&Path>) -> CpuProbe {
+    pub fn new(broker: Option<u32>, pg_data_dir: Option<&Path>, redis_url: &str) -> CpuProbe {
         let postmaster = pg_data_dir
             .and_then(|d| std::fs::read_to_string(d.join("postmaster.pid")).ok())
             .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()));
@@ -81,13 +90,14 @@ impl CpuProbe {
         CpuProbe {
             broker,
             postmaster,
+            redis_url: redis_url.to_string(),
             ticks_per_s: if ticks > 0 { ticks as f64 } else { 100.0 },
         }
     }
 
     /// CPU seconds so far of the broker, of PostgreSQL (the postmaster, its
-    /// live children and the children it has reaped) and of the machine
-    /// (every CPU's non-idle time, `/proc/stat`).
+    /// live children and the children it has reaped), of Redis and of the
+    /// machine (every CPU's non-idle time, `/proc/stat`).
     pub fn sample(&self) -> CpuSample {
         let broker_s = self
             .broker
@@ -107,6 +117,7 @@ impl CpuProbe {
         CpuSample {
             broker_s,
             postgres_s,
+            redis_s: redis_cpu_s(&self.redis_url).ok(),
             machine_s: machine.map(|(busy, _)| busy as f64 / self.ticks_per_s),
             steal_s: machine.map(|(_, steal)| steal as f64 / self.ticks_per_s),
         }
@@ -150,16 +161,35 @@ pub async fn pg_next_xid(client: &tokio_postgres::Client) -> Result<i64> {
     Ok(row.get(0))
 }
 
-/// Lua scripts Redis has run so far (`EVALSHA` and `EVAL` calls that did not
-/// fail, from `INFO commandstats`): each is one atomic step of the fenced sink.
-pub fn redis_scripts_run(url: &str) -> Result<u64> {
+/// CPU seconds the Redis server has used so far (`used_cpu_user` +
+/// `used_cpu_sys` of `INFO cpu`, every thread of the server).
+fn redis_cpu_s(url: &str) -> Result<f64> {
+    let info = redis_info(url, "cpu")?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    field("used_cpu_user")
+        .zip(field("used_cpu_sys"))
+        .map(|(user, sys)| user + sys)
+        .context("INFO cpu has no used_cpu_user and used_cpu_sys")
+}
+
+fn redis_info(url: &str, section: &str) -> Result<String> {
     let mut con = redis::Client::open(url)?
         .get_connection()
         .with_context(|| format!("connecting to Redis at {url}"))?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
+    redis::cmd("INFO")
+        .arg(section)
         .query(&mut con)
-        .context("INFO commandstats")?;
+        .with_context(|| format!("INFO {section}"))
+}
+
+/// Lua scripts Redis has run so far (`EVALSHA` and `EVAL` calls that did not
+/// fail, from `INFO commandstats`): each is one atomic step of the fenced sink.
+pub fn redis_scripts_run(url: &str) -> Result<u64> {
+    let info = redis_info(url, "commandstats")?;
     Ok(info
         .lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))

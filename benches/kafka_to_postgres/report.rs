@@ -82,27 +82,27 @@ pub fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
     );
     println!();
     println!(
-        "CPU time of the throughput runs (user + system seconds; the machine has {} cores, so a run of W seconds \
-         has 2·W to spend). The rest: the whole machine's busy time minus the three before it (this bench's \
-         own sampling and reporting, and any other process); steal: time the hypervisor gave this VM's CPUs \
-         to others.",
-        crate::num_cores()
+        "CPU time of the throughput runs (user + system seconds; the machine has {cores} cores, so a run of W \
+         seconds has {cores}·W to spend: wall × cores). The rest: the whole machine's busy time minus the total \
+         (this bench's own sampling, the services that sit idle, and any other process); steal: time the \
+         hypervisor gave this VM's CPUs to others.",
+        cores = crate::num_cores()
     );
     println!();
     println!(
-        "| run | this run's process | broker | PostgreSQL | total | µs per record | wall × cores | the rest | steal |"
+        "| run | this run's process | broker | PostgreSQL (Redis) | total | µs per record | wall × cores | the rest | steal |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let fmt = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
     for (kind, o) in results {
         let Some(c) = &o.cpu else { continue };
-        let total = c.process_s + c.broker_s.unwrap_or(0.0) + c.postgres_s.unwrap_or(0.0);
+        let total = c.process_s + c.broker_s.unwrap_or(0.0) + c.store_s.unwrap_or(0.0);
         println!(
             "| {} | {:.1} | {} | {} | {total:.1} | {:.0} | {:.1} | {} | {} |",
             row_label(*kind, o),
             c.process_s,
             fmt(c.broker_s),
-            fmt(c.postgres_s),
+            fmt(c.store_s),
             total * 1e6 / ctx.settings.records as f64,
             o.cpu_wall.as_secs_f64() * crate::num_cores() as f64,
             fmt(c.machine_s.map(|m| (m - total).max(0.0))),
