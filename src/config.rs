@@ -109,6 +109,9 @@ pub struct CheckpointSection {
     /// Resume from a checkpoint of a different pipeline definition.
     #[serde(default)]
     pub allow_fingerprint_change: bool,
+    /// Resume from a checkpoint taken at another parallelism.
+    #[serde(default)]
+    pub allow_parallelism_change: bool,
 }
 
 /// `[restart]`.
@@ -330,6 +333,7 @@ impl PipelineFile {
         config.parallelism = self.parallelism;
         config.batch_size = self.batch_size;
         config.allow_fingerprint_change = c.allow_fingerprint_change;
+        config.allow_parallelism_change = c.allow_parallelism_change;
         config.checkpoint = CheckpointConfig {
             interval: c.interval.map_or(defaults.interval, |d| d.0),
             min_pause: c.min_pause.map_or(defaults.min_pause, |d| d.0),

@@ -26,6 +26,10 @@ enum Cmd {
         /// Resume even if the latest checkpoint was written by a different pipeline definition.
         #[arg(long)]
         allow_fingerprint_change: bool,
+        /// Resume from a checkpoint taken at another parallelism: the new sink
+        /// subtasks commit what the old ones left pending and abort the rest.
+        #[arg(long)]
+        allow_parallelism_change: bool,
     },
     /// Inspect a pipeline's externalized checkpoints.
     Checkpoints {
@@ -61,7 +65,8 @@ fn main() -> Result<()> {
         Cmd::Run {
             file,
             allow_fingerprint_change,
-        } => run(&file, allow_fingerprint_change),
+            allow_parallelism_change,
+        } => run(&file, allow_fingerprint_change, allow_parallelism_change),
         Cmd::Checkpoints {
             command: CheckpointCmd::List { file },
         } => list_checkpoints(&file),
@@ -69,9 +74,10 @@ fn main() -> Result<()> {
     }
 }
 
-fn run(file: &Path, allow_fingerprint_change: bool) -> Result<()> {
+fn run(file: &Path, allow_fingerprint_change: bool, allow_parallelism_change: bool) -> Result<()> {
     let mut config = PipelineFile::load(file)?;
     config.checkpoint.allow_fingerprint_change |= allow_fingerprint_change;
+    config.checkpoint.allow_parallelism_change |= allow_parallelism_change;
     let pipeline = config.build()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let summary = runtime.block_on(pipeline.run(shutdown_signal()))?;

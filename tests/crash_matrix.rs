@@ -139,10 +139,27 @@ fn resuming_with_a_changed_definition_is_refused_with_what_changed() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_file_config(dir.path(), "exactly-once", 2);
     run_killed_at(&config, "coordinator.after_persist:2");
+    // Another parallelism alone has a flag of its own.
     let config = write_file_config(dir.path(), "exactly-once", 3);
     let (status, log) = run(&config, None, &[]);
     assert!(!status.success());
+    assert!(
+        log.contains("taken with parallelism 2, this pipeline runs with 3"),
+        "{log}"
+    );
+    assert!(log.contains("--allow-parallelism-change"), "{log}");
+    // Any other change needs the general one, and is described.
+    let config = write_config(
+        dir.path(),
+        "crash",
+        "exactly-once",
+        3,
+        "[sink.file]\ndir = \"out\"\nformat = \"json-lines\"",
+    );
+    let (status, log) = run(&config, None, &["--allow-parallelism-change"]);
+    assert!(!status.success());
     assert!(log.contains("parallelism was `2`, is now `3`"), "{log}");
+    assert!(log.contains("sink was `file:dir="), "{log}");
     assert!(log.contains("--allow-fingerprint-change"), "{log}");
 }
 

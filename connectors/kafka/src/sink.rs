@@ -526,16 +526,21 @@ impl KafkaSink {
     /// belongs to an attempt that failed; the slot initializes lazily if it
     /// is ever used).
     fn spawn_init(&self, slot: usize) -> Option<tokio::task::JoinHandle<Result<TxnProducer, InitError>>> {
+        self.spawn_init_id(self.slots[slot].transactional_id.clone())
+    }
+
+    /// [`spawn_init`](Self::spawn_init) for any transactional id this
+    /// subtask owns (its slots', or an adopted old subtask's).
+    fn spawn_init_id(&self, id: String) -> Option<tokio::task::JoinHandle<Result<TxnProducer, InitError>>> {
         let Ok(in_flight) = self.settings.init_lock(self.context.subtask).try_read_owned() else {
             tracing::debug!(
                 subtask = self.context.subtask,
-                slot,
+                transactional_id = %id,
                 "a recovery of this subtask runs: not initializing"
             );
             return None;
         };
         let config = self.settings.producer.clone();
-        let id = self.slots[slot].transactional_id.clone();
         add(&self.settings.metrics.producers_initialized, 1);
         Some(tokio::task::spawn_blocking(move || {
             let _in_flight = in_flight;
@@ -561,12 +566,12 @@ impl KafkaSink {
         }
     }
 
-    /// Initializes a producer for each of `slots` in parallel, which fences
-    /// earlier producers of their ids and aborts what they left open.
-    async fn init_producers(&self, slots: &[usize]) -> Result<Vec<Arc<TxnProducer>>, ConnectorError> {
-        let Some(tasks) = slots
-            .iter()
-            .map(|&slot| self.spawn_init(slot))
+    /// Initializes a producer for each of `ids` in parallel, which fences
+    /// earlier producers of those ids and aborts what they left open.
+    async fn init_producers(&self, ids: Vec<String>) -> Result<Vec<Arc<TxnProducer>>, ConnectorError> {
+        let Some(tasks) = ids
+            .into_iter()
+            .map(|id| self.spawn_init_id(id))
             .collect::<Option<Vec<_>>>()
         else {
             return Err(self.transient("another recovery of this subtask is running; retrying after it"));
@@ -590,6 +595,35 @@ impl KafkaSink {
         } else {
             self.transient(e.message)
         })
+    }
+
+    /// After a lowering of the parallelism: initializes (and drops) a
+    /// producer for every pooled id of the adopted old subtasks that
+    /// `listed` does not name, which aborts what they left open. Those ids
+    /// are never used again.
+    async fn abort_adopted(&self, listed: &BTreeSet<String>) -> Result<(), ConnectorError> {
+        let pool = self.config().pool_size;
+        let ids: Vec<String> = self
+            .context
+            .adopted
+            .iter()
+            .flat_map(|&old| (0..pool).map(move |slot| (old, slot)))
+            .map(|(old, slot)| transactional_id(&self.settings.prefix, old, slot))
+            .filter(|id| !listed.contains(id))
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let aborted = ids.len();
+        retire(self.init_producers(ids).await?);
+        tracing::info!(
+            sink = %self.settings.label,
+            subtask = self.context.subtask,
+            adopted = ?self.context.adopted,
+            aborted,
+            "took over the transactional ids of the old subtasks: what they left open is aborted"
+        );
+        Ok(())
     }
 
     /// A data-loss report for `c`, or with `on_lost_transaction = "warn"` a
@@ -885,10 +919,15 @@ impl TwoPhaseCommitSink for KafkaSink {
             listed.insert(c.transactional_id.clone());
         }
 
+        self.abort_adopted(&listed).await?;
         let unlisted: Vec<usize> = (0..self.slots.len())
             .filter(|&i| !listed.contains(&self.slots[i].transactional_id))
             .collect();
-        let producers = self.init_producers(&unlisted).await?;
+        let ids = unlisted
+            .iter()
+            .map(|&i| self.slots[i].transactional_id.clone())
+            .collect();
+        let producers = self.init_producers(ids).await?;
         for i in 0..self.slots.len() {
             self.retire_producer(i);
             self.slots[i].initializing = None;

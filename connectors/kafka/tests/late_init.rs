@@ -27,12 +27,7 @@ fn unique(name: &str) -> String {
 }
 
 fn subtask(factory: &KafkaSinkFactory) -> Box<dyn ErasedSink> {
-    let context = SinkContext {
-        pipeline: "late-init".into(),
-        subtask: 0,
-        parallelism: 1,
-        metrics: Arc::new(Metrics::default()),
-    };
+    let context = SinkContext::new("late-init", 0, 1, Arc::new(Metrics::default()));
     factory.create(context).expect("create")
 }
 

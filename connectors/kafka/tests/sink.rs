@@ -38,12 +38,7 @@ fn config(bootstrap: &str, topic: &str, edit: impl FnOnce(&mut KafkaSinkConfig))
 }
 
 fn subtask(factory: &KafkaSinkFactory) -> Box<dyn ErasedSink> {
-    let context = SinkContext {
-        pipeline: "test".into(),
-        subtask: 0,
-        parallelism: 1,
-        metrics: Arc::new(Metrics::default()),
-    };
+    let context = SinkContext::new("test", 0, 1, Arc::new(Metrics::default()));
     factory.create(context).expect("create")
 }
 

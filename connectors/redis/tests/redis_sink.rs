@@ -94,12 +94,7 @@ async fn records_without_a_key_are_counted_dead_letters_once() {
         &format!("command = \"incrby\"\nkey = \"/customer\"\nkey_prefix = \"{prefix}\""),
     );
     let sink_factory = f.into_sink_factory();
-    let context = SinkContext {
-        pipeline: pipeline.clone(),
-        subtask: 0,
-        parallelism: 1,
-        metrics: Arc::default(),
-    };
+    let context = SinkContext::new(pipeline.clone(), 0, 1, Arc::default());
     let metrics = context.metrics.clone();
     let batch = vec![
         Record::new("t-0", 0, r#"{"customer": "a"}"#),
@@ -136,12 +131,7 @@ async fn an_unreachable_server_is_a_retriable_error_naming_it() {
     let url = format!("redis://127.0.0.1:{port}/");
     let sink_factory = factory(&url, "command = \"set\"\nkey = \"key\"").into_sink_factory();
     let mut sink = sink_factory
-        .create(SinkContext {
-            pipeline: "down".into(),
-            subtask: 0,
-            parallelism: 1,
-            metrics: Arc::default(),
-        })
+        .create(SinkContext::new("down", 0, 1, Arc::default()))
         .unwrap();
     let err = sink.recover(&[]).await.unwrap_err();
     assert!(err.is_retriable(), "{err}");

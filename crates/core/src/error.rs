@@ -76,6 +76,21 @@ pub enum StoreError {
         found: String,
         changes: String,
     },
+    /// The latest complete checkpoint was taken at another parallelism, and
+    /// changing it was not allowed.
+    #[error(
+        "the latest checkpoint in {dir} (id {checkpoint}) was taken with parallelism {was}, this pipeline \
+         runs with {now}. Changing it is supported: the new sink subtasks commit what the old ones left \
+         pending and abort the rest before data flows, and every split resumes from its position. Allow it \
+         explicitly with allow_parallelism_change = true in [checkpoint] or --allow-parallelism-change, \
+         or set parallelism back to {was}"
+    )]
+    ParallelismChanged {
+        dir: String,
+        checkpoint: CheckpointId,
+        was: usize,
+        now: usize,
+    },
 }
 
 /// Errors that end a pipeline run.

@@ -220,13 +220,18 @@ impl<F: IdempotentSinkFactory> SinkFactory for WriteAhead<F> {
     }
 }
 
+/// The start of every spill file name of sink subtask `subtask`.
+fn spill_prefix(subtask: usize) -> String {
+    format!("spill-{subtask}-")
+}
+
 fn spill_error(path: &std::path::Path, e: impl std::fmt::Display) -> ConnectorError {
     ConnectorError::transient("write-ahead spill file", format!("{}: {e}", path.display()))
 }
 
 impl<S: IdempotentSink> WriteAheadSink<S> {
     fn spill_prefix(&self) -> String {
-        format!("spill-{}-", self.context.subtask)
+        spill_prefix(self.context.subtask)
     }
 
     async fn spill(&mut self, checkpoint: CheckpointId, records: &[Record]) -> Result<String, ConnectorError> {
@@ -306,12 +311,18 @@ impl<S: IdempotentSink> WriteAheadSink<S> {
     }
 
     /// Names of this subtask's files in the spill folder that match `filter`.
-    async fn own_files(&mut self, filter: impl Fn(&str) -> bool + Send) -> Vec<String> {
+    async fn own_files(&mut self, filter: impl Fn(&str) -> bool + Send + Sync) -> Vec<String> {
+        let prefix = self.spill_prefix();
+        self.files(|name| name.starts_with(&prefix) && filter(name)).await
+    }
+
+    /// Names of the files in the spill folder that match `filter`.
+    async fn files(&mut self, filter: impl Fn(&str) -> bool + Send + Sync) -> Vec<String> {
         let mut names = Vec::new();
         if let Ok(mut entries) = tokio::fs::read_dir(&self.spill_dir).await {
             while let Ok(Some(e)) = entries.next_entry().await {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&self.spill_prefix()) && filter(&name) {
+                if filter(&name) {
                     names.push(name);
                 }
             }
@@ -355,8 +366,10 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
                 HeldRecords::Inline(_) => None,
             })
             .collect();
+        // This subtask's, and those of the old subtasks it adopts.
+        let owned: Vec<String> = self.context.owned_subtasks().map(spill_prefix).collect();
         for name in self
-            .own_files(|n| !n.ends_with(DONE_SUFFIX) && !listed.contains(&n))
+            .files(|n| owned.iter().any(|p| n.starts_with(p)) && !n.ends_with(DONE_SUFFIX) && !listed.contains(&n))
             .await
         {
             let path = self.spill_dir.join(&name);
@@ -538,12 +551,7 @@ mod tests {
     }
 
     fn context() -> SinkContext {
-        SinkContext {
-            pipeline: "p".into(),
-            subtask: 0,
-            parallelism: 1,
-            metrics: Arc::default(),
-        }
+        SinkContext::new("p", 0, 1, Arc::default())
     }
 
     fn keyed(offsets: std::ops::Range<i64>) -> Vec<Record> {

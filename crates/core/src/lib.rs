@@ -38,5 +38,6 @@ pub use restart::RestartStrategy;
 pub use sink::{erase, ErasedSink, SinkContext, SinkFactory, TwoPhaseCommitSink};
 pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};
 pub use store::{
-    check_fingerprint, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore, PipelineDescriptor,
+    check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore,
+    PipelineDescriptor,
 };

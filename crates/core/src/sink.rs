@@ -22,8 +22,10 @@ use crate::coordinator::CheckpointConfig;
 use crate::error::ConnectorError;
 use crate::record::{CheckpointId, Record};
 
-/// What a sink subtask knows about its place in the pipeline.
+/// What a sink subtask knows about its place in the pipeline. Built by the
+/// runtime; tests build one with [`SinkContext::new`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SinkContext {
     /// The pipeline name (unique per checkpoint folder). Use it to namespace
     /// everything the sink owns (transaction ids, pending files, gids) so recovery
@@ -33,8 +35,46 @@ pub struct SinkContext {
     pub subtask: usize,
     /// Number of sink subtasks.
     pub parallelism: usize,
+    /// Sink subtasks of an earlier run with a higher parallelism that this
+    /// subtask takes over (old subtask `j` goes to `j % parallelism`): at
+    /// `recover`, their listed committables come with this subtask's own,
+    /// and everything else they own must be aborted like this subtask's.
+    /// Empty unless the pipeline resumes with a lower parallelism.
+    pub adopted: Vec<usize>,
     /// The pipeline's counters; sinks count dead letters here.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl SinkContext {
+    /// Subtask `subtask` of `parallelism` of pipeline `pipeline`, adopting
+    /// no old subtasks.
+    pub fn new(
+        pipeline: impl Into<String>,
+        subtask: usize,
+        parallelism: usize,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        SinkContext {
+            pipeline: pipeline.into(),
+            subtask,
+            parallelism,
+            metrics,
+            adopted: Vec::new(),
+        }
+    }
+
+    /// The same context, taking over the old subtasks `adopted` (see
+    /// [`SinkContext::adopted`]).
+    pub fn with_adopted(mut self, adopted: Vec<usize>) -> Self {
+        self.adopted = adopted;
+        self
+    }
+
+    /// This subtask and the old ones it adopts: every subtask index whose
+    /// leftovers this subtask must abort at `recover`.
+    pub fn owned_subtasks(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(self.subtask).chain(self.adopted.iter().copied())
+    }
 }
 
 /// A sink that takes part in the checkpoint's two-phase commit.
@@ -61,6 +101,11 @@ pub trait TwoPhaseCommitSink: Send + 'static {
     /// this subtask owns that the list does not name (left over by a crash). Must
     /// be idempotent itself: a crash during recovery leads to another recovery
     /// with the same list. No data flows until it returns.
+    ///
+    /// After a lowering of the parallelism, the list also holds the
+    /// committables of the old subtasks in [`SinkContext::adopted`], and what
+    /// those owned counts as this subtask's: abort all of it that the list
+    /// does not name.
     async fn recover(&mut self, pending: &[Self::Committable]) -> Result<(), ConnectorError>;
 
     /// Opens the transaction that will hold the records of the interval that ends

@@ -385,20 +385,53 @@ impl CheckpointStore for FsCheckpointStore {
     }
 }
 
+/// What a pipeline may resume from despite a different definition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllowedChanges {
+    /// Any change (`allow_fingerprint_change`).
+    pub any: bool,
+    /// Only the parallelism (`allow_parallelism_change`).
+    pub parallelism: bool,
+}
+
 /// Checks that `entry` was written by the pipeline described by `current`.
-/// Returns an error naming what changed unless `allow_change` is set.
+/// Returns an error naming what changed unless `allowed` admits it: a
+/// change of the parallelism alone needs `allowed.parallelism` (or `any`),
+/// every other change `allowed.any`.
 pub fn check_fingerprint(
     store: &dyn CheckpointStore,
     entry: &CheckpointEntry,
     current: &PipelineDescriptor,
-    allow_change: bool,
+    allowed: AllowedChanges,
 ) -> Result<(), StoreError> {
     let expected = current.fingerprint();
     if entry.fingerprint == expected {
         return Ok(());
     }
     let changes = current.describe_changes(&entry.descriptor);
-    if allow_change {
+    let only_parallelism = PipelineDescriptor {
+        parallelism: entry.descriptor.parallelism,
+        ..current.clone()
+    }
+    .fingerprint()
+        == entry.fingerprint;
+    if only_parallelism && !allowed.any {
+        if allowed.parallelism {
+            tracing::warn!(
+                was = entry.descriptor.parallelism,
+                now = current.parallelism,
+                "resuming from a checkpoint taken at another parallelism (explicitly allowed)"
+            );
+            return Ok(());
+        }
+        return Err(StoreError::ParallelismChanged {
+            dir: store.location(),
+            checkpoint: entry.checkpoint.id,
+            was: entry.descriptor.parallelism,
+            now: current.parallelism,
+        });
+    }
+    if allowed.any {
         tracing::warn!(%changes, "resuming from a checkpoint of a different pipeline definition (explicitly allowed)");
         return Ok(());
     }
@@ -499,10 +532,26 @@ mod tests {
         let e = entry(1);
         let mut changed = descriptor();
         changed.parallelism = 4;
-        let err = check_fingerprint(&store, &e, &changed, false).unwrap_err().to_string();
+        let none = AllowedChanges::default();
+        let err = check_fingerprint(&store, &e, &changed, none).unwrap_err().to_string();
+        assert!(
+            err.contains("parallelism 2, this pipeline runs with 4") && err.contains("allow_parallelism_change"),
+            "a parallelism change has its own flag: {err}"
+        );
+        let parallelism = AllowedChanges {
+            parallelism: true,
+            ..none
+        };
+        check_fingerprint(&store, &e, &changed, parallelism).unwrap();
+        changed.sink = "file:dir=/elsewhere".into();
+        let err = check_fingerprint(&store, &e, &changed, parallelism)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("parallelism was `2`, is now `4`"), "{err}");
+        assert!(err.contains("sink was `file:dir=/out`"), "{err}");
         assert!(err.contains("allow_fingerprint_change"), "{err}");
-        check_fingerprint(&store, &e, &changed, true).unwrap();
-        check_fingerprint(&store, &e, &descriptor(), false).unwrap();
+        let any = AllowedChanges { any: true, ..none };
+        check_fingerprint(&store, &e, &changed, any).unwrap();
+        check_fingerprint(&store, &e, &descriptor(), none).unwrap();
     }
 }

@@ -60,12 +60,7 @@ pub fn config(url: &str, table: &str, body: &str) -> PostgresSinkConfig {
 }
 
 pub fn context(pipeline: &str, subtask: usize) -> SinkContext {
-    SinkContext {
-        pipeline: pipeline.into(),
-        subtask,
-        parallelism: 2,
-        metrics: Arc::new(Metrics::default()),
-    }
+    SinkContext::new(pipeline, subtask, 2, Arc::new(Metrics::default()))
 }
 
 /// A typed sink of `config` for `pipeline`/`subtask`, with its metrics.

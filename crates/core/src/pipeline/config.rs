@@ -62,6 +62,10 @@ pub struct PipelineConfig {
     pub channel_capacity: usize,
     /// Resume even when the latest checkpoint's fingerprint differs.
     pub allow_fingerprint_change: bool,
+    /// Resume from a checkpoint taken at another parallelism (the rest of
+    /// the pipeline unchanged): the new sink subtasks commit what the old
+    /// ones left pending and abort the rest they owned, before data flows.
+    pub allow_parallelism_change: bool,
 }
 
 impl PipelineConfig {
@@ -76,6 +80,7 @@ impl PipelineConfig {
             batch_size: 500,
             channel_capacity: 16,
             allow_fingerprint_change: false,
+            allow_parallelism_change: false,
         }
     }
 

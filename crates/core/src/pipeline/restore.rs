@@ -4,12 +4,12 @@
 use tracing::{info, info_span, Instrument};
 
 use super::{AttemptFailure, Pipeline};
-use crate::error::{PipelineError, StoreError};
+use crate::error::StoreError;
 use crate::fault;
 use crate::record::{CheckpointId, SplitPositions};
 use crate::sink::{ErasedSink, SinkContext};
 use crate::source::Source;
-use crate::store::{check_fingerprint, CheckpointEntry, CheckpointStore};
+use crate::store::{check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore};
 
 /// What an attempt starts from.
 pub(super) struct Restored {
@@ -39,15 +39,36 @@ impl Restored {
         self.latest.as_ref().map(|e| &e.checkpoint.positions)
     }
 
-    /// The committables sink subtask `subtask` must commit in `recover`.
-    fn pending(&self, subtask: usize) -> Vec<serde_json::Value> {
-        self.latest
-            .as_ref()
-            .filter(|_| !self.all_committed)
-            .and_then(|e| e.checkpoint.pending.get(&subtask))
-            .map(|l| l.iter().map(|c| c.committable.clone()).collect())
-            .unwrap_or_default()
+    /// The parallelism the restored checkpoint was taken with.
+    fn previous_parallelism(&self) -> Option<usize> {
+        self.latest.as_ref().map(|e| e.descriptor.parallelism)
     }
+
+    /// The committables sink subtask `subtask` must commit in `recover`:
+    /// its own and those of the old subtasks it adopts, oldest checkpoint
+    /// first.
+    fn pending(&self, subtask: usize, adopted: &[usize]) -> Vec<serde_json::Value> {
+        let Some(entry) = self.latest.as_ref().filter(|_| !self.all_committed) else {
+            return Vec::new();
+        };
+        let mut pending: Vec<_> = std::iter::once(subtask)
+            .chain(adopted.iter().copied())
+            .filter_map(|i| entry.checkpoint.pending.get(&i))
+            .flatten()
+            .collect();
+        pending.sort_by_key(|c| c.checkpoint);
+        pending.into_iter().map(|c| c.committable.clone()).collect()
+    }
+}
+
+/// The sink subtasks of the old parallelism `previous` that subtask
+/// `subtask` of `parallelism` takes over: old subtask `j` goes to
+/// `j % parallelism`, so every old subtask that no longer exists has exactly
+/// one heir. Empty when the parallelism did not shrink.
+pub(super) fn adopted_subtasks(subtask: usize, parallelism: usize, previous: Option<usize>) -> Vec<usize> {
+    (parallelism..previous.unwrap_or(0))
+        .filter(|j| j % parallelism == subtask)
+        .collect()
 }
 
 impl Pipeline {
@@ -72,13 +93,12 @@ impl Pipeline {
         }
         let latest = self.with_store(|store| store.latest()).await?;
         if let Some(entry) = &latest {
-            check_fingerprint(
-                self.store.as_ref(),
-                entry,
-                &self.descriptor(),
-                self.config.allow_fingerprint_change,
-            )
-            .map_err(|e| self.store_failure(e))?;
+            let allowed = AllowedChanges {
+                any: self.config.allow_fingerprint_change,
+                parallelism: self.config.allow_parallelism_change,
+            };
+            check_fingerprint(self.store.as_ref(), entry, &self.descriptor(), allowed)
+                .map_err(|e| self.store_failure(e))?;
             info!(checkpoint = %entry.checkpoint.id, entry = %entry.file_name(), "restoring from checkpoint");
         } else {
             info!("no checkpoint found: first start");
@@ -97,34 +117,11 @@ impl Pipeline {
                 "every transaction the checkpoint lists was committed before the stop"
             );
         }
-        let restored = Restored {
+        Ok(Restored {
             latest,
             reserved,
             all_committed,
-        };
-        self.check_orphans(&restored)?;
-        Ok(restored)
-    }
-
-    /// Refuses to resume when the checkpoint lists uncommitted transactions
-    /// of sink subtasks that no longer exist.
-    fn check_orphans(&self, restored: &Restored) -> Result<(), AttemptFailure> {
-        let p = self.config.parallelism;
-        let (Some(entry), false) = (&restored.latest, restored.all_committed) else {
-            return Ok(());
-        };
-        match entry.checkpoint.pending.keys().find(|i| **i >= p) {
-            None => Ok(()),
-            Some(orphaned) => Err(self.fail(
-                false,
-                false,
-                PipelineError::Config(format!(
-                    "checkpoint {} holds pending transactions of sink subtask {orphaned}, but parallelism is now {p}: \
-                     they would never be committed. Resume with the old parallelism once (it commits them), then change it",
-                    entry.checkpoint.id
-                )),
-            )),
-        }
+        })
     }
 
     /// Creates every sink subtask and lets it commit what the checkpoint
@@ -134,17 +131,20 @@ impl Pipeline {
         let p = self.config.parallelism;
         let mut sinks = Vec::with_capacity(p);
         for i in 0..p {
-            let context = SinkContext {
-                pipeline: self.config.name.clone(),
-                subtask: i,
-                parallelism: p,
-                metrics: self.metrics.clone(),
-            };
+            let adopted = adopted_subtasks(i, p, restored.previous_parallelism());
+            if !adopted.is_empty() {
+                info!(
+                    subtask = i,
+                    ?adopted,
+                    "taking over the sink subtasks of the higher parallelism"
+                );
+            }
+            let pending = restored.pending(i, &adopted);
+            let context = SinkContext::new(&self.config.name, i, p, self.metrics.clone()).with_adopted(adopted);
             let mut sink = self
                 .sink
                 .create(context)
                 .map_err(|e| self.connector_failure(false, e))?;
-            let pending = restored.pending(i);
             sink.recover(&pending)
                 .instrument(info_span!("recover", subtask = i, pending = pending.len()))
                 .await
@@ -169,5 +169,32 @@ impl Pipeline {
             sources.push(source);
         }
         Ok(sources)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adopted_subtasks;
+
+    #[test]
+    fn every_old_subtask_has_exactly_one_heir() {
+        assert_eq!(adopted_subtasks(0, 2, Some(3)), vec![2]);
+        assert_eq!(adopted_subtasks(1, 2, Some(3)), Vec::<usize>::new());
+        assert_eq!(adopted_subtasks(0, 2, Some(7)), vec![2, 4, 6]);
+        assert_eq!(adopted_subtasks(1, 2, Some(7)), vec![3, 5]);
+        assert_eq!(adopted_subtasks(0, 1, Some(3)), vec![1, 2]);
+        for p in 1..6 {
+            for previous in 0..12 {
+                let mut heirs: Vec<usize> = (0..p).flat_map(|i| adopted_subtasks(i, p, Some(previous))).collect();
+                heirs.sort();
+                assert_eq!(
+                    heirs,
+                    (p..previous.max(p)).collect::<Vec<_>>(),
+                    "p {p}, previous {previous}"
+                );
+            }
+        }
+        assert!(adopted_subtasks(0, 4, Some(2)).is_empty(), "raising adopts nothing");
+        assert!(adopted_subtasks(0, 4, None).is_empty(), "a first start adopts nothing");
     }
 }
