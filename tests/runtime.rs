@@ -291,6 +291,9 @@ impl CheckpointStore for SlowStore {
     fn record_committed(&self, id: CheckpointId) -> Result<(), StoreError> {
         self.inner.record_committed(id)
     }
+    fn lock_exclusive(&self) -> Result<exactly::core::store::StoreLock, StoreError> {
+        self.inner.lock_exclusive()
+    }
 }
 
 /// A checkpoint write that outlasts the checkpoint timeout is waited for

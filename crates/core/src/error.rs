@@ -76,6 +76,20 @@ pub enum StoreError {
         found: String,
         changes: String,
     },
+    /// Another process runs the pipeline: it holds the checkpoint folder's
+    /// lock.
+    #[error(
+        "pipeline {pipeline} is already running: {holder} holds the lock on its checkpoint folder {dir}. \
+         Only one process may run a pipeline (two would commit each other's transactions and duplicate or \
+         lose records). Stop that process first, or wait until it ends; a process that died leaves no lock \
+         behind. To run a second, independent copy, give it another name or checkpoint.dir"
+    )]
+    Locked {
+        pipeline: String,
+        dir: String,
+        /// Who holds it: host, pid and since when, as the holder wrote it.
+        holder: String,
+    },
     /// The latest complete checkpoint was taken at another parallelism, and
     /// changing it was not allowed.
     #[error(

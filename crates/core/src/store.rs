@@ -186,6 +186,30 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// holds them can no longer tell (a Kafka transactional id that expired
     /// while the pipeline was stopped). Never lowers the recorded id.
     fn record_committed(&self, id: CheckpointId) -> Result<(), StoreError>;
+
+    /// Takes the pipeline's exclusive lock for as long as the returned guard
+    /// lives, or fails with [`StoreError::Locked`] naming the holder when
+    /// another process holds it. The runtime holds it while a pipeline runs,
+    /// so two processes never run the same pipeline. A lock must not outlive
+    /// its holder (a process that dies, even by SIGKILL, releases it).
+    fn lock_exclusive(&self) -> Result<StoreLock, StoreError>;
+}
+
+/// A held [`CheckpointStore::lock_exclusive`]; released when dropped.
+pub struct StoreLock(#[allow(dead_code)] Box<dyn Send + Sync>);
+
+impl StoreLock {
+    /// A guard holding `held` (whatever keeps the lock: an open file, a
+    /// lease) until it drops.
+    pub fn new(held: impl Send + Sync + 'static) -> Self {
+        StoreLock(Box::new(held))
+    }
+}
+
+impl std::fmt::Debug for StoreLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreLock")
+    }
 }
 
 /// Name of the id watermark file inside a pipeline's folder.
@@ -194,6 +218,10 @@ pub const ID_WATERMARK_FILE: &str = "id-watermark";
 /// Name of the file inside a pipeline's folder that holds the highest
 /// checkpoint id whose transactions every sink has committed.
 pub const COMMITTED_THROUGH_FILE: &str = "committed-through";
+
+/// Name of the file inside a pipeline's folder that the running process
+/// holds an OS lock (`flock`) on, and in which it wrote who it is.
+pub const LOCK_FILE: &str = "lock";
 
 /// [`CheckpointStore`] on a local (or mounted) filesystem.
 #[derive(Clone, Debug)]
@@ -226,6 +254,12 @@ impl FsCheckpointStore {
     /// The pipeline's folder.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    fn pipeline_name(&self) -> String {
+        self.dir
+            .file_name()
+            .map_or_else(|| self.dir.display().to_string(), |n| n.to_string_lossy().into_owned())
     }
 
     /// Reads and verifies one entry; `Err` describes why it is unusable.
@@ -335,6 +369,49 @@ impl CheckpointStore for FsCheckpointStore {
         self.read_id_file(COMMITTED_THROUGH_FILE)
     }
 
+    /// `flock(LOCK_EX | LOCK_NB)` on [`LOCK_FILE`], which then holds the
+    /// holder's host, pid and start time (read by a refused process). The
+    /// kernel releases the lock when the holder's file closes, however the
+    /// holder ends.
+    fn lock_exclusive(&self) -> Result<StoreLock, StoreError> {
+        use std::io::{Read, Seek};
+        use std::os::fd::AsRawFd;
+        fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        let path = self.dir.join(LOCK_FILE);
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        // SAFETY: flock only acts on the open descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(io_err(&path)(error));
+            }
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(StoreError::Locked {
+                pipeline: self.pipeline_name(),
+                dir: self.dir.display().to_string(),
+                holder: if holder.is_empty() {
+                    "another process (it has not written its name yet)".into()
+                } else {
+                    holder.to_string()
+                },
+            });
+        }
+        let since = humantime::format_rfc3339_seconds(SystemTime::now());
+        let me = format!("process {} on host {} (since {since})", std::process::id(), host_name());
+        file.set_len(0).map_err(io_err(&path))?;
+        file.rewind().map_err(io_err(&path))?;
+        file.write_all(me.as_bytes()).map_err(io_err(&path))?;
+        Ok(StoreLock::new(file))
+    }
+
     fn record_committed(&self, id: CheckpointId) -> Result<(), StoreError> {
         let _one_at_a_time = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         if self.committed_through()?.is_some_and(|recorded| recorded >= id) {
@@ -392,6 +469,19 @@ pub struct AllowedChanges {
     pub any: bool,
     /// Only the parallelism (`allow_parallelism_change`).
     pub parallelism: bool,
+}
+
+/// This machine's host name, for the lock holder's description.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    if ok && end > 0 {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "unknown".into()
+    }
 }
 
 /// Checks that `entry` was written by the pipeline described by `current`.
@@ -506,6 +596,27 @@ mod tests {
         let again = FsCheckpointStore::new(root.path(), "p", 3);
         assert_eq!(again.committed_through().unwrap(), Some(CheckpointId(9)), "durable");
         assert!(store.list().unwrap().is_empty(), "the record is not an entry");
+    }
+
+    #[test]
+    fn one_holder_at_a_time_and_the_refusal_names_it() {
+        let root = tempfile::tempdir().unwrap();
+        let store = FsCheckpointStore::new(root.path(), "p", 3);
+        let held = store.lock_exclusive().expect("the first lock");
+        // flock locks belong to open files: a second open in the same
+        // process conflicts like another process would.
+        let other = FsCheckpointStore::new(root.path(), "p", 3);
+        let err = other.lock_exclusive().unwrap_err().to_string();
+        assert!(err.contains("pipeline p is already running"), "{err}");
+        assert!(err.contains(&format!("process {}", std::process::id())), "{err}");
+        assert!(err.contains("on host "), "{err}");
+        assert!(
+            FsCheckpointStore::new(root.path(), "q", 3).lock_exclusive().is_ok(),
+            "another pipeline"
+        );
+        drop(held);
+        other.lock_exclusive().expect("free again after the holder dropped it");
+        assert!(store.list().unwrap().is_empty(), "the lock file is not an entry");
     }
 
     #[test]

@@ -98,9 +98,22 @@ impl Pipeline {
     /// resolves, then takes a last checkpoint, commits it and returns. Failures
     /// restart the pipeline from the latest complete checkpoint according to the
     /// restart strategy.
+    ///
+    /// The pipeline's exclusive lock (see
+    /// [`CheckpointStore::lock_exclusive`]) is held for the whole run: while
+    /// another process runs the same pipeline, this fails at once with
+    /// [`StoreError::Locked`] naming it, touching nothing.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<RunSummary, PipelineError> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let span = info_span!("pipeline", name = %self.config.name);
+        let store = self.store.clone();
+        let _lock = tokio::task::spawn_blocking(move || store.lock_exclusive())
+            .await
+            .expect("checkpoint store task panicked")
+            .map_err(|e| PipelineError::Store {
+                pipeline: self.config.name.clone(),
+                source: Box::new(e),
+            })?;
         let runner = async {
             let mut attempt = 0u32;
             loop {
