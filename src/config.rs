@@ -112,6 +112,10 @@ pub struct CheckpointSection {
     /// Resume from a checkpoint taken at another parallelism.
     #[serde(default)]
     pub allow_parallelism_change: bool,
+    /// Start as if for the first time although no entry of the folder's
+    /// history can be read.
+    #[serde(default)]
+    pub allow_first_start: bool,
 }
 
 /// `[restart]`.
@@ -334,6 +338,7 @@ impl PipelineFile {
         config.batch_size = self.batch_size;
         config.allow_fingerprint_change = c.allow_fingerprint_change;
         config.allow_parallelism_change = c.allow_parallelism_change;
+        config.allow_first_start = c.allow_first_start;
         config.checkpoint = CheckpointConfig {
             interval: c.interval.map_or(defaults.interval, |d| d.0),
             min_pause: c.min_pause.map_or(defaults.min_pause, |d| d.0),

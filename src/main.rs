@@ -30,6 +30,11 @@ enum Cmd {
         /// subtasks commit what the old ones left pending and abort the rest.
         #[arg(long)]
         allow_parallelism_change: bool,
+        /// Start as if for the first time although the checkpoint folder has a
+        /// history none of whose entries can be read (they are kept as
+        /// `<name>.unreadable`): sources go back to `start`.
+        #[arg(long)]
+        allow_first_start: bool,
     },
     /// Inspect a pipeline's externalized checkpoints.
     Checkpoints {
@@ -66,7 +71,15 @@ fn main() -> Result<()> {
             file,
             allow_fingerprint_change,
             allow_parallelism_change,
-        } => run(&file, allow_fingerprint_change, allow_parallelism_change),
+            allow_first_start,
+        } => run(
+            &file,
+            RunFlags {
+                allow_fingerprint_change,
+                allow_parallelism_change,
+                allow_first_start,
+            },
+        ),
         Cmd::Checkpoints {
             command: CheckpointCmd::List { file },
         } => list_checkpoints(&file),
@@ -74,10 +87,18 @@ fn main() -> Result<()> {
     }
 }
 
-fn run(file: &Path, allow_fingerprint_change: bool, allow_parallelism_change: bool) -> Result<()> {
+/// The `--allow-*` flags of `exactly run`: each adds to its pipeline-file key.
+struct RunFlags {
+    allow_fingerprint_change: bool,
+    allow_parallelism_change: bool,
+    allow_first_start: bool,
+}
+
+fn run(file: &Path, flags: RunFlags) -> Result<()> {
     let mut config = PipelineFile::load(file)?;
-    config.checkpoint.allow_fingerprint_change |= allow_fingerprint_change;
-    config.checkpoint.allow_parallelism_change |= allow_parallelism_change;
+    config.checkpoint.allow_fingerprint_change |= flags.allow_fingerprint_change;
+    config.checkpoint.allow_parallelism_change |= flags.allow_parallelism_change;
+    config.checkpoint.allow_first_start |= flags.allow_first_start;
     let pipeline = config.build()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let summary = runtime.block_on(pipeline.run(shutdown_signal()))?;

@@ -256,11 +256,13 @@ async fn shutdown_takes_a_last_checkpoint_and_commits_it() {
     assert_eq!(summary.last_checkpoint, Some(CheckpointId(1)));
 }
 
-/// A checkpoint store whose write of checkpoint `slow_id` takes `delay`.
+/// A checkpoint store whose write of checkpoint `slow_id` takes `delay`,
+/// and whose clean-up of old entries fails when `fail_prune` is set.
 struct SlowStore {
     inner: FsCheckpointStore,
     slow_id: CheckpointId,
     delay: Duration,
+    fail_prune: bool,
 }
 
 impl CheckpointStore for SlowStore {
@@ -275,6 +277,9 @@ impl CheckpointStore for SlowStore {
     }
     fn list(&self) -> Result<Vec<EntryName>, StoreError> {
         self.inner.list()
+    }
+    fn read(&self, name: &str) -> Result<CheckpointEntry, String> {
+        self.inner.read(name)
     }
     fn location(&self) -> String {
         self.inner.location()
@@ -293,6 +298,18 @@ impl CheckpointStore for SlowStore {
     }
     fn lock_exclusive(&self) -> Result<exactly::core::store::StoreLock, StoreError> {
         self.inner.lock_exclusive()
+    }
+    fn prune(&self) -> Result<(), StoreError> {
+        if self.fail_prune {
+            return Err(StoreError::Io {
+                path: self.inner.location(),
+                source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            });
+        }
+        self.inner.prune()
+    }
+    fn quarantine(&self, name: &str) -> Result<(), StoreError> {
+        self.inner.quarantine(name)
     }
 }
 
@@ -314,6 +331,7 @@ async fn a_slow_checkpoint_write_is_waited_for_and_reported() {
         inner: FsCheckpointStore::new(dir.path().join("checkpoints"), "slow-store", 3),
         slow_id: CheckpointId(2),
         delay: Duration::from_millis(600),
+        fail_prune: false,
     };
     let p = Pipeline::new(
         config,
@@ -330,4 +348,42 @@ async fn a_slow_checkpoint_write_is_waited_for_and_reported() {
     assert_eq!(lines.len(), SPLITS * PER_SPLIT as usize);
     let distinct: std::collections::HashSet<&String> = lines.iter().collect();
     assert_eq!(distinct.len(), lines.len(), "no duplicates");
+}
+
+/// Removing old entries is best effort: a store that cannot delete them
+/// still completes every checkpoint (the new entry is durable before the
+/// clean-up), and each failure is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_clean_up_of_old_entries_fails_no_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = PipelineConfig::new("no-prune");
+    config.parallelism = 2;
+    config.checkpoint = CheckpointConfig {
+        interval: Duration::from_millis(40),
+        ..CheckpointConfig::default()
+    };
+    config.restart = RestartStrategy::None;
+    let store = SlowStore {
+        inner: FsCheckpointStore::new(dir.path().join("checkpoints"), "no-prune", 1),
+        slow_id: CheckpointId(u64::MAX),
+        delay: Duration::ZERO,
+        fail_prune: true,
+    };
+    let p = Pipeline::new(
+        config,
+        Arc::new(source()),
+        Arc::new(FileSinkFactory::new(dir.path().join("out"))),
+        Arc::new(store),
+    )
+    .unwrap();
+    let summary = p.run(std::future::pending()).await.expect("the run ends well");
+    assert_eq!(summary.metrics.checkpoints_failed, 0, "{:?}", summary.metrics);
+    assert!(summary.metrics.checkpoints_completed > 1, "{:?}", summary.metrics);
+    assert_eq!(
+        summary.metrics.store_cleanup_failures,
+        summary.metrics.checkpoints_completed,
+        "every clean-up after a checkpoint's save failed and was counted: {:?}",
+        summary.metrics
+    );
+    assert_exactly_once(dir.path());
 }

@@ -90,6 +90,20 @@ pub enum StoreError {
         /// Who holds it: host, pid and since when, as the holder wrote it.
         holder: String,
     },
+    /// The folder has a history (entries, reserved ids) but no entry can be
+    /// read.
+    #[error(
+        "the checkpoint folder {dir} has a history but no readable checkpoint ({history}). Starting as if \
+         for the first time would send the sources back to their start position and roll back transactions \
+         a lost checkpoint may list: records would be duplicated or lost. Restore the entries (from a \
+         backup), or accept a first start deliberately with allow_first_start = true in [checkpoint] or \
+         --allow-first-start (the unreadable entries are then kept as <name>.unreadable)"
+    )]
+    NoReadableCheckpoint {
+        dir: String,
+        /// What is there: the unreadable entries and why, the id watermark.
+        history: String,
+    },
     /// The latest complete checkpoint was taken at another parallelism, and
     /// changing it was not allowed.
     #[error(

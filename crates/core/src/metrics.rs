@@ -18,6 +18,7 @@ pub struct Metrics {
     restarts: AtomicU64,
     dead_letters: AtomicU64,
     slow_persists: AtomicU64,
+    store_cleanup_failures: AtomicU64,
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -48,6 +49,9 @@ pub struct MetricsSnapshot {
     /// Checkpoint writes still running after a checkpoint timeout (each
     /// counted once; they are waited for, never abandoned).
     pub slow_persists: u64,
+    /// Removals of old checkpoint entries that failed (best effort: logged,
+    /// counted, never a checkpoint failure).
+    pub store_cleanup_failures: u64,
 }
 
 impl Metrics {
@@ -72,6 +76,9 @@ impl Metrics {
     }
     pub(crate) fn slow_persist(&self) {
         self.slow_persists.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn store_cleanup_failed(&self) {
+        self.store_cleanup_failures.fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn restarted(&self) {
         self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -100,6 +107,7 @@ impl Metrics {
             restarts: self.restarts.load(Ordering::Relaxed),
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
             slow_persists: self.slow_persists.load(Ordering::Relaxed),
+            store_cleanup_failures: self.store_cleanup_failures.load(Ordering::Relaxed),
         }
     }
 }

@@ -152,9 +152,19 @@ impl EntryName {
 /// Implementations are synchronous; the runtime calls them from a blocking thread.
 pub trait CheckpointStore: Send + Sync + 'static {
     /// Stores `entry` atomically and durably: when this returns `Ok`, a crash of
-    /// the process or the machine cannot lose or tear it. Prunes old entries
-    /// beyond the retention.
+    /// the process or the machine cannot lose or tear it.
     fn save(&self, entry: &CheckpointEntry) -> Result<(), StoreError>;
+
+    /// Removes entries beyond the retention and what crashed writers left.
+    /// Best effort: the runtime calls it after every save, and logs and
+    /// counts a failure (`store_cleanup_failures`) but carries on.
+    fn prune(&self) -> Result<(), StoreError>;
+
+    /// Renames the entry `name` so it is no longer an entry (it keeps its
+    /// bytes for an operator to look at, as `<name>.unreadable`). The
+    /// runtime quarantines unreadable entries once a start past them was
+    /// accepted, so they do not stop every later start.
+    fn quarantine(&self, name: &str) -> Result<(), StoreError>;
 
     /// The newest readable entry (highest checkpoint id, then newest time),
     /// skipping partial or corrupt ones, or `None` when there is none.
@@ -162,6 +172,10 @@ pub trait CheckpointStore: Send + Sync + 'static {
 
     /// Entry names, oldest first, including ones that may be corrupt.
     fn list(&self) -> Result<Vec<EntryName>, StoreError>;
+
+    /// Reads and verifies the entry `name` (from [`list`](Self::list));
+    /// `Err` says why it cannot be used (unreadable, corrupt, torn).
+    fn read(&self, name: &str) -> Result<CheckpointEntry, String>;
 
     /// Where the entries live, for messages.
     fn location(&self) -> String;
@@ -218,6 +232,9 @@ pub const ID_WATERMARK_FILE: &str = "id-watermark";
 /// Name of the file inside a pipeline's folder that holds the highest
 /// checkpoint id whose transactions every sink has committed.
 pub const COMMITTED_THROUGH_FILE: &str = "committed-through";
+
+/// Suffix of a quarantined (unreadable) entry's file name.
+pub const QUARANTINE_SUFFIX: &str = ".unreadable";
 
 /// Name of the file inside a pipeline's folder that the running process
 /// holds an OS lock (`flock`) on, and in which it wrote who it is.
@@ -325,7 +342,7 @@ impl FsCheckpointStore {
     }
 
     fn prune(&self) -> Result<(), StoreError> {
-        let names = self.list()?;
+        let names = CheckpointStore::list(self)?;
         if names.len() > self.retain {
             for n in &names[..names.len() - self.retain] {
                 let path = self.dir.join(&n.file_name);
@@ -353,8 +370,20 @@ impl CheckpointStore for FsCheckpointStore {
             checkpoint: entry.checkpoint.id,
             message: e.to_string(),
         })?;
-        self.write_atomically(&entry.file_name(), &bytes)?;
-        self.prune()
+        self.write_atomically(&entry.file_name(), &bytes)
+    }
+
+    fn prune(&self) -> Result<(), StoreError> {
+        FsCheckpointStore::prune(self)
+    }
+
+    fn quarantine(&self, name: &str) -> Result<(), StoreError> {
+        let from = self.dir.join(name);
+        let to = self.dir.join(format!("{name}{QUARANTINE_SUFFIX}"));
+        fs::rename(&from, &to).map_err(io_err(&from))?;
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))
     }
 
     fn id_watermark(&self) -> Result<Option<CheckpointId>, StoreError> {
@@ -441,6 +470,10 @@ impl CheckpointStore for FsCheckpointStore {
             }
         }
         Ok(None)
+    }
+
+    fn read(&self, name: &str) -> Result<CheckpointEntry, String> {
+        FsCheckpointStore::read(self, name)
     }
 
     fn list(&self) -> Result<Vec<EntryName>, StoreError> {
@@ -568,6 +601,8 @@ mod tests {
         for id in 1..=5 {
             store.save(&entry(id)).unwrap();
         }
+        assert_eq!(store.list().unwrap().len(), 5, "saving does not prune");
+        store.prune().unwrap();
         let names = store.list().unwrap();
         assert_eq!(names.iter().map(|n| n.id.0).collect::<Vec<_>>(), vec![3, 4, 5]);
         let fp = descriptor().fingerprint();

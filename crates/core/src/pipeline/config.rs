@@ -66,6 +66,10 @@ pub struct PipelineConfig {
     /// the pipeline unchanged): the new sink subtasks commit what the old
     /// ones left pending and abort the rest they owned, before data flows.
     pub allow_parallelism_change: bool,
+    /// Start as if for the first time although the checkpoint folder has a
+    /// history none of whose entries can be read (the unreadable entries are
+    /// then set aside as `<name>.unreadable`).
+    pub allow_first_start: bool,
 }
 
 impl PipelineConfig {
@@ -81,6 +85,7 @@ impl PipelineConfig {
             channel_capacity: 16,
             allow_fingerprint_change: false,
             allow_parallelism_change: false,
+            allow_first_start: false,
         }
     }
 

@@ -206,6 +206,7 @@ impl<'p> Driver<'p> {
                 let entry = CheckpointEntry::new(self.pipeline.descriptor(), data);
                 let store = self.pipeline.store.clone();
                 let tx = self.wired.report_tx.clone();
+                let metrics = self.pipeline.metrics.clone();
                 let id = entry.checkpoint.id;
                 let write = tokio::task::spawn_blocking(move || {
                     fault::point("coordinator.before_persist");
@@ -213,6 +214,11 @@ impl<'p> Driver<'p> {
                     let result = store.save(&entry);
                     if result.is_ok() {
                         fault::point("coordinator.after_persist");
+                        // The new entry is durable whatever happens here.
+                        if let Err(error) = store.prune() {
+                            metrics.store_cleanup_failed();
+                            warn!(checkpoint = %id, %error, "could not remove old checkpoint entries; retrying after the next checkpoint");
+                        }
                     }
                     let _ = tx.send(Report::Persisted(id, result));
                 });

@@ -185,9 +185,10 @@ impl Pipeline {
 
     /// One attempt: restore, wire, drive.
     async fn run_attempt(&self, stop: tokio::sync::watch::Receiver<bool>) -> Result<RunSummary, AttemptFailure> {
-        let restored = self.restore().await?;
+        let mut restored = self.restore().await?;
         let sinks = self.recover_sinks(&restored).await?;
-        let sources = self.restore_sources(&restored).await?;
+        let mut sources = self.restore_sources(&restored).await?;
+        self.pin_start(&mut restored, &mut sources).await?;
         let wired = self.wire(sinks, sources, restored.base());
         driver::Driver::new(self, wired, restored.id(), restored.reserved)
             .run(stop)

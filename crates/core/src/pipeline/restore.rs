@@ -1,9 +1,10 @@
 //! Step 1 of an attempt: read the latest complete checkpoint, let every sink
 //! subtask recover from it, and seek every source subtask to its positions.
 
-use tracing::{info, info_span, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 
 use super::{AttemptFailure, Pipeline};
+use crate::coordinator::CheckpointData;
 use crate::error::StoreError;
 use crate::fault;
 use crate::record::{CheckpointId, SplitPositions};
@@ -92,6 +93,10 @@ impl Pipeline {
             let _ = write.await;
         }
         let latest = self.with_store(|store| store.latest()).await?;
+        let reserved = self.with_store(|store| store.id_watermark()).await?;
+        if latest.is_none() {
+            self.check_first_start(reserved).await?;
+        }
         if let Some(entry) = &latest {
             let allowed = AllowedChanges {
                 any: self.config.allow_fingerprint_change,
@@ -103,7 +108,6 @@ impl Pipeline {
         } else {
             info!("no checkpoint found: first start");
         }
-        let reserved = self.with_store(|store| store.id_watermark()).await?;
         let committed_through = self.with_store(|store| store.committed_through()).await?;
         // Everything the restored checkpoint lists was committed by every sink
         // before the pipeline stopped: nothing is left to commit, and a store
@@ -122,6 +126,42 @@ impl Pipeline {
             reserved,
             all_committed,
         })
+    }
+
+    /// No readable entry: a first start, unless the folder has a history
+    /// (entries that cannot be read, ids reserved by a run that got as far
+    /// as a checkpoint). Then it is refused, or with `allow_first_start`
+    /// accepted and the unreadable entries set aside.
+    async fn check_first_start(&self, reserved: Option<CheckpointId>) -> Result<(), AttemptFailure> {
+        let names = self.with_store(|store| store.list()).await?;
+        if names.is_empty() && reserved.is_none() {
+            return Ok(());
+        }
+        let mut history: Vec<String> = Vec::new();
+        for name in &names {
+            let problem = self
+                .store
+                .read(&name.file_name)
+                .err()
+                .unwrap_or_else(|| "readable now".into());
+            history.push(format!("{} ({problem})", name.file_name));
+        }
+        if let Some(reserved) = reserved {
+            history.push(format!("ids reserved up to {reserved}"));
+        }
+        let history = history.join("; ");
+        if !self.config.allow_first_start {
+            return Err(self.store_failure(StoreError::NoReadableCheckpoint {
+                dir: self.store.location(),
+                history,
+            }));
+        }
+        warn!(%history, "starting as if for the first time although the checkpoint folder has a history (allow_first_start)");
+        for name in names {
+            let file = name.file_name.clone();
+            self.with_store(move |store| store.quarantine(&file)).await?;
+        }
+        Ok(())
     }
 
     /// Creates every sink subtask and lets it commit what the checkpoint
@@ -153,6 +193,42 @@ impl Pipeline {
             sinks.push(sink);
         }
         Ok(sinks)
+    }
+
+    /// On a first start, persists checkpoint 0 — the sources' resolved start
+    /// positions and nothing pending — before any record flows, so every
+    /// later attempt (after a crash before the first checkpoint, or an
+    /// in-process restart) starts from the same place: `start = "latest"` or
+    /// a timestamp is resolved once, never again.
+    pub(super) async fn pin_start(
+        &self,
+        restored: &mut Restored,
+        sources: &mut [Box<dyn Source>],
+    ) -> Result<(), AttemptFailure> {
+        if restored.latest.is_some() {
+            return Ok(());
+        }
+        let mut positions = SplitPositions::default();
+        for source in sources.iter_mut() {
+            positions.merge(&source.position(CheckpointId(0)));
+        }
+        let entry = CheckpointEntry::new(
+            self.descriptor(),
+            CheckpointData {
+                id: CheckpointId(0),
+                positions,
+                pending: Default::default(),
+            },
+        );
+        let saved = entry.clone();
+        self.with_store(move |store| store.save(&saved)).await?;
+        info!(
+            entry = %entry.file_name(),
+            splits = entry.checkpoint.positions.0.len(),
+            "first start: the sources' start positions are pinned in checkpoint 0"
+        );
+        restored.latest = Some(entry);
+        Ok(())
     }
 
     /// Creates every source subtask and seeks it to the checkpoint's
