@@ -199,3 +199,54 @@ pub const TWO_PHASE_CRASH_CASES: &[(&str, &[&str])] = &[
         &["coordinator.after_persist:2", "recovery.after_commit:1"],
     ),
 ];
+
+/// What an output holds compared with [`expected_values`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Lines in the output.
+    pub lines: usize,
+    /// Lines beyond the first of each value.
+    pub duplicates: usize,
+    /// Expected values absent from the output.
+    pub missing: usize,
+}
+
+/// Counts `lines` against [`expected_values`]; panics on a value the source
+/// never produced.
+pub fn outcome_of(lines: &[String]) -> Outcome {
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for l in lines {
+        *counts.entry(l.as_str()).or_default() += 1;
+    }
+    let expected = expected_values();
+    let known: std::collections::HashSet<&str> = expected.iter().map(String::as_str).collect();
+    let unexpected: Vec<&&str> = counts.keys().filter(|k| !known.contains(**k)).take(5).collect();
+    assert!(
+        unexpected.is_empty(),
+        "output holds values the source never produced: {unexpected:?}"
+    );
+    Outcome {
+        lines: lines.len(),
+        duplicates: counts.values().map(|c| c - 1).sum(),
+        missing: expected.iter().filter(|e| !counts.contains_key(e.as_str())).count(),
+    }
+}
+
+/// The names of the pending files (`*.pending`) in the file sink's folder
+/// `out`.
+pub fn pending_files(out: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(out)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".pending"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A `[sink.file]` section writing into `out` (an absolute path).
+pub fn file_sink_into(out: &Path) -> String {
+    format!("[sink.file]\ndir = {:?}", out.display().to_string())
+}

@@ -3,18 +3,39 @@
 //! A real two-phase-commit file sink.
 //!
 //! Every transaction writes a hidden pending file
-//! `.part-<subtask>-<checkpoint>-<run>.pending` in the output folder:
+//! `.part-<pipeline>-<subtask>-<checkpoint>-<run>.pending` in the output
+//! folder:
 //!
 //! - `pre_commit` flushes and fsyncs it and returns its name (the committable);
-//! - `commit` renames it to `part-<subtask>-<checkpoint>-<run>.<ext>` atomically
-//!   and fsyncs the folder — idempotent: a file already renamed is success;
+//! - `commit` renames it to `part-<pipeline>-<subtask>-<checkpoint>-<run>.<ext>`
+//!   atomically and fsyncs the folder — idempotent: a file already renamed is
+//!   success;
 //! - `abort` deletes it;
-//! - `recover` finishes the renames the checkpoint lists and deletes every other
-//!   pending file of the subtask (left over by a crash).
+//! - `recover` finishes the renames the checkpoint lists and deletes every
+//!   other pending file of the pipeline's subtasks it owns (its own and, after
+//!   a lowering of the parallelism, those of the old subtasks it adopts; see
+//!   [`SinkContext::owned_subtasks`]). Files of other pipelines writing into
+//!   the same folder are never touched.
 //!
 //! Readers only ever see complete files whose checkpoint completed. `<run>` is a
 //! random tag per sink instance, so a checkpoint id reused after a rollback can
-//! never overwrite an earlier committed file.
+//! never overwrite an earlier committed file. The checkpoint has ten digits;
+//! names are parsed from their end, so a pipeline name may contain `-`.
+//!
+//! **One writer per folder and pipeline.** Before it touches the folder a sink
+//! subtask makes sure its process holds an OS lock (`flock`) on
+//! `.exactly-<pipeline>.lock` in the folder, which names the holder (host, pid,
+//! since when). Another process of the same pipeline — even with another
+//! checkpoint folder — is refused with a fatal error naming the pipeline, the
+//! folder and the holder. The lock is held until the process exits and goes
+//! with it, however it ends.
+//!
+//! **Older names.** Files named before names carried the pipeline
+//! (`.part-<subtask>-<checkpoint>-<run>.pending`, `part-<subtask>-…`) are still
+//! committed when a checkpoint lists them (committables hold whole names) and
+//! read by [`read_committed_lines`]. An unlisted pending file of that form is
+//! left in place with a warning: it could belong to any pipeline of the
+//! folder, so deleting it could destroy another pipeline's pre-committed data.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +45,11 @@ use exactly_core::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
+
+mod lock;
+mod names;
+
+pub use lock::lock_file_name;
 
 /// How records are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,12 +113,7 @@ impl SinkFactory for FileSinkFactory {
     }
 
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
-        Ok(erase(FileSink {
-            dir: self.dir.clone(),
-            format: self.format,
-            subtask: context.subtask,
-            run: format!("{:08x}", rand::random::<u32>()),
-        }))
+        Ok(erase(FileSink::new(self.dir.clone(), self.format, &context)))
     }
 }
 
@@ -101,7 +122,10 @@ impl SinkFactory for FileSinkFactory {
 pub struct FileSink {
     dir: PathBuf,
     format: FileFormat,
+    pipeline: String,
     subtask: usize,
+    /// This subtask and the old ones it adopted: whose leftovers it cleans up.
+    owned: Vec<usize>,
     run: String,
 }
 
@@ -134,8 +158,43 @@ fn io_error(context: &str, path: &Path, e: std::io::Error) -> ConnectorError {
 }
 
 impl FileSink {
-    fn pending_prefix(&self) -> String {
-        format!(".part-{}-", self.subtask)
+    fn new(dir: PathBuf, format: FileFormat, context: &SinkContext) -> FileSink {
+        FileSink {
+            dir,
+            format,
+            pipeline: context.pipeline.clone(),
+            subtask: context.subtask,
+            owned: context.owned_subtasks().collect(),
+            run: format!("{:08x}", rand::random::<u32>()),
+        }
+    }
+
+    /// Takes (or confirms) this process's lock of the pipeline in the folder.
+    async fn hold_lock(&self) -> Result<(), ConnectorError> {
+        let (dir, pipeline) = (self.dir.clone(), self.pipeline.clone());
+        tokio::task::spawn_blocking(move || lock::hold(&dir, &pipeline))
+            .await
+            .expect("lock task panicked")
+    }
+
+    /// Whether recovery may delete the pending file `name` when the
+    /// checkpoint does not list it: a pending file of this pipeline written
+    /// by a subtask this one owns. Pending files of the older form are
+    /// collected in `older` instead (they name no pipeline).
+    fn is_own_leftover(&self, name: &str, older: &mut Vec<String>) -> bool {
+        let Some(part) = names::parse_pending(name) else {
+            return false;
+        };
+        if !self.owned.contains(&part.subtask) {
+            return false;
+        }
+        match part.pipeline {
+            Some(pipeline) => pipeline == self.pipeline,
+            None => {
+                older.push(name.to_string());
+                false
+            }
+        }
     }
 
     async fn sync_dir(&self) -> Result<(), ConnectorError> {
@@ -156,11 +215,12 @@ impl TwoPhaseCommitSink for FileSink {
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(|e| io_error("file sink: creating the output folder", &self.dir, e))?;
+        self.hold_lock().await?;
         for c in pending {
             self.commit(c).await?;
         }
         let listed: Vec<&str> = pending.iter().map(|c| c.pending.as_str()).collect();
-        let prefix = self.pending_prefix();
+        let mut older = Vec::new();
         let mut entries = tokio::fs::read_dir(&self.dir)
             .await
             .map_err(|e| io_error("file sink: listing the output folder", &self.dir, e))?;
@@ -170,21 +230,38 @@ impl TwoPhaseCommitSink for FileSink {
             .map_err(|e| io_error("file sink: listing the output folder", &self.dir, e))?
         {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) && name.ends_with(".pending") && !listed.contains(&name.as_str()) {
+            if self.is_own_leftover(&name, &mut older) && !listed.contains(&name.as_str()) {
                 tracing::info!(file = %name, "deleting orphaned pending file");
-                tokio::fs::remove_file(entry.path())
-                    .await
-                    .map_err(|e| io_error("file sink: deleting an orphaned pending file", &entry.path(), e))?;
+                match tokio::fs::remove_file(entry.path()).await {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(io_error(
+                            "file sink: deleting an orphaned pending file",
+                            &entry.path(),
+                            e,
+                        ))
+                    }
+                    _ => {}
+                }
             }
+        }
+        older.retain(|name| !listed.contains(&name.as_str()));
+        if !older.is_empty() {
+            tracing::warn!(
+                folder = %self.dir.display(),
+                files = ?older,
+                "pending files named in the older form (without a pipeline) are left in place: they may belong \
+                 to another pipeline writing into this folder; delete them by hand once no pipeline's latest \
+                 checkpoint lists them"
+            );
         }
         Ok(())
     }
 
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<PendingFile, ConnectorError> {
-        let stem = format!("part-{}-{:010}-{}", self.subtask, checkpoint.0, self.run);
+        let stem = names::stem(&self.pipeline, self.subtask, checkpoint.0, &self.run);
         let committable = FileCommittable {
-            pending: format!(".{stem}.pending"),
-            final_name: format!("{stem}.{}", self.format.extension()),
+            pending: names::pending(&stem),
+            final_name: names::committed(&stem, self.format.extension()),
         };
         let path = self.dir.join(&committable.pending);
         let file = tokio::fs::File::create(&path)
@@ -262,18 +339,27 @@ impl TwoPhaseCommitSink for FileSink {
 }
 
 fn checkpoint_of(final_name: &str) -> CheckpointId {
-    CheckpointId(
-        final_name
-            .split('-')
-            .nth(2)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_default(),
-    )
+    CheckpointId(names::parse_committed(final_name).map_or(0, |p| p.checkpoint))
 }
 
 /// Reads every committed output file of `dir` and returns its lines (for tests
-/// and verification; pending files are ignored).
+/// and verification; pending files are ignored). Files of every pipeline
+/// writing into `dir` count; [`read_committed_lines_of`] reads one
+/// pipeline's.
 pub fn read_committed_lines(dir: &Path) -> std::io::Result<Vec<String>> {
+    read_lines_where(dir, |name| name.starts_with("part-"))
+}
+
+/// Like [`read_committed_lines`], but only the files pipeline `pipeline`
+/// committed (files named in the older form, without a pipeline, are left
+/// out).
+pub fn read_committed_lines_of(dir: &Path, pipeline: &str) -> std::io::Result<Vec<String>> {
+    read_lines_where(dir, |name| {
+        names::parse_committed(name).is_some_and(|p| p.pipeline.as_deref() == Some(pipeline))
+    })
+}
+
+fn read_lines_where(dir: &Path, wanted: impl Fn(&str) -> bool) -> std::io::Result<Vec<String>> {
     let mut lines = Vec::new();
     if !dir.exists() {
         return Ok(lines);
@@ -281,7 +367,7 @@ pub fn read_committed_lines(dir: &Path) -> std::io::Result<Vec<String>> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("part-") {
+        if wanted(&name) {
             let text = std::fs::read_to_string(entry.path())?;
             lines.extend(text.lines().map(str::to_string));
         }
@@ -293,13 +379,30 @@ pub fn read_committed_lines(dir: &Path) -> std::io::Result<Vec<String>> {
 mod tests {
     use super::*;
 
+    /// Subtask `subtask` of pipeline `pipeline`, taking over `adopted`.
+    fn sink_of(dir: &Path, pipeline: &str, subtask: usize, adopted: Vec<usize>) -> FileSink {
+        let context = SinkContext::new(pipeline, subtask, 2, Default::default()).with_adopted(adopted);
+        FileSink::new(dir.to_path_buf(), FileFormat::Lines, &context)
+    }
+
     fn sink(dir: &Path, subtask: usize) -> FileSink {
-        FileSink {
-            dir: dir.to_path_buf(),
-            format: FileFormat::Lines,
-            subtask,
-            run: "r1".into(),
-        }
+        sink_of(dir, "p", subtask, Vec::new())
+    }
+
+    /// Pre-commits `n` records as checkpoint `checkpoint` of `sink`.
+    async fn pre_committed(sink: &mut FileSink, checkpoint: u64, n: i64) -> FileCommittable {
+        let mut txn = sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&mut txn, &records(n)).await.unwrap();
+        sink.pre_commit(txn).await.unwrap()
+    }
+
+    fn pending_files(dir: &Path) -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".pending"))
+            .collect()
     }
 
     fn records(n: i64) -> Vec<Record> {
@@ -347,6 +450,77 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".pending"))
             .collect();
         assert_eq!(pending.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn recovery_never_touches_the_files_of_another_pipeline_in_the_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut mine = sink_of(dir.path(), "left", 0, Vec::new());
+        let mut theirs = sink_of(dir.path(), "right", 0, Vec::new());
+        mine.recover(&[]).await.unwrap();
+        theirs.recover(&[]).await.unwrap();
+        let my_orphan = pre_committed(&mut mine, 3, 1).await;
+        let their_pending = pre_committed(&mut theirs, 3, 2).await;
+        assert!(my_orphan.pending.starts_with(".part-left-0-"), "{my_orphan:?}");
+        assert!(
+            their_pending.final_name.starts_with("part-right-0-"),
+            "{their_pending:?}"
+        );
+
+        sink_of(dir.path(), "left", 0, Vec::new()).recover(&[]).await.unwrap();
+        assert_eq!(pending_files(dir.path()), [their_pending.pending.clone()].into());
+        sink_of(dir.path(), "right", 0, Vec::new())
+            .recover(std::slice::from_ref(&their_pending))
+            .await
+            .unwrap();
+        assert_eq!(read_committed_lines_of(dir.path(), "right").unwrap(), vec!["v0", "v1"]);
+        assert!(read_committed_lines_of(dir.path(), "left").unwrap().is_empty());
+        assert_eq!(read_committed_lines(dir.path()).unwrap(), vec!["v0", "v1"]);
+    }
+
+    #[tokio::test]
+    async fn recovery_commits_and_cleans_up_for_the_subtasks_it_adopts() {
+        let dir = tempfile::tempdir().unwrap();
+        // Parallelism 3 before: subtask 2 goes to subtask 0 at parallelism 2.
+        let mut old2 = sink_of(dir.path(), "p", 2, Vec::new());
+        let mut old1 = sink_of(dir.path(), "p", 1, Vec::new());
+        old2.recover(&[]).await.unwrap();
+        let listed = pre_committed(&mut old2, 4, 2).await;
+        let orphan = pre_committed(&mut old2, 5, 1).await;
+        let not_adopted = pre_committed(&mut old1, 5, 1).await;
+
+        let mut heir = sink_of(dir.path(), "p", 0, vec![2]);
+        heir.recover(std::slice::from_ref(&listed)).await.unwrap();
+        heir.recover(std::slice::from_ref(&listed)).await.unwrap();
+        assert_eq!(read_committed_lines(dir.path()).unwrap(), vec!["v0", "v1"]);
+        assert!(
+            !dir.path().join(&orphan.pending).exists(),
+            "the adopted subtask's leftover"
+        );
+        assert_eq!(
+            pending_files(dir.path()),
+            [not_adopted.pending].into(),
+            "subtask 1 is not adopted"
+        );
+    }
+
+    #[tokio::test]
+    async fn files_named_in_the_older_form_are_committed_when_listed_and_otherwise_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let older = |checkpoint: u64| FileCommittable {
+            pending: format!(".part-0-{checkpoint:010}-0a1b2c3d.pending"),
+            final_name: format!("part-0-{checkpoint:010}-0a1b2c3d.txt"),
+        };
+        let (listed, unlisted) = (older(3), older(4));
+        std::fs::write(dir.path().join(&listed.pending), "old\n").unwrap();
+        std::fs::write(dir.path().join(&unlisted.pending), "unknown owner\n").unwrap();
+        sink(dir.path(), 0)
+            .recover(std::slice::from_ref(&listed))
+            .await
+            .unwrap();
+        assert_eq!(read_committed_lines(dir.path()).unwrap(), vec!["old"]);
+        assert_eq!(pending_files(dir.path()), [unlisted.pending].into());
+        assert_eq!(checkpoint_of(&listed.final_name), CheckpointId(3));
     }
 
     #[tokio::test]
