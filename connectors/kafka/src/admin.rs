@@ -178,6 +178,17 @@ impl KafkaAdmin {
         found.map_err(|e| self.error(&action, e))
     }
 
+    /// The id of the cluster the brokers belong to, as their metadata
+    /// reports it (what the source records in its positions).
+    pub async fn cluster_id(&self) -> Result<String, AdminError> {
+        let action = "reading the cluster id";
+        let consumer = self.plain_consumer(action, "read_committed")?;
+        let found = tokio::task::spawn_blocking(move || consumer.client().fetch_cluster_id(TIMEOUT))
+            .await
+            .map_err(|e| self.error(action, e))?;
+        found.ok_or_else(|| self.error(action, format!("the brokers reported none within {TIMEOUT:?}")))
+    }
+
     async fn await_partitions(&self, topic: &str, count: usize, action: &str) -> Result<(), AdminError> {
         let deadline = Instant::now() + TIMEOUT;
         loop {

@@ -44,6 +44,7 @@ const RESERVED_PROPERTIES: &[(&str, &str)] = &[
 /// commit_offsets_to_group = true        # default: true
 /// partition_discovery_interval = "10s"  # default: "10s"
 /// startup_timeout = "30s"               # default: "30s"
+/// # accept_cluster_id = "MkU3OEVBNTcwNTJENDM2Qk"  # resume offsets of another cluster on this one
 ///
 /// [source.kafka.properties]             # extra librdkafka consumer settings
 /// "fetch.max.bytes" = "1048576"
@@ -91,6 +92,15 @@ pub struct KafkaSourceConfig {
     /// run reads up to the end it finds then.
     #[serde(default)]
     pub stop_at_end: bool,
+    /// The positions in a checkpoint name the Kafka cluster (its id) they
+    /// were read from, and a restore on another cluster is refused: offsets
+    /// of one cluster mean nothing in another. Set this to the id of the
+    /// cluster `bootstrap` points at to resume the checkpoint's offsets
+    /// there anyway — only when that cluster holds the very same offsets (a
+    /// migration that kept them). Harmless to leave set afterwards: it
+    /// admits that one cluster only.
+    #[serde(default)]
+    pub accept_cluster_id: Option<String>,
     /// Extra librdkafka consumer settings (`"fetch.max.bytes" = "1048576"`);
     /// strings, numbers and booleans are accepted. Settings the source owns are
     /// rejected by [`validate`](Self::validate). Defaults that differ from
@@ -293,6 +303,7 @@ impl KafkaSourceConfig {
             commit_offsets_to_group: true,
             partition_discovery_interval: DEFAULT_PARTITION_DISCOVERY_INTERVAL,
             stop_at_end: false,
+            accept_cluster_id: None,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             properties: BTreeMap::new(),
         }
@@ -317,6 +328,14 @@ impl KafkaSourceConfig {
                 return invalid(
                     "group_id",
                     "is empty; remove it to use exactly-<pipeline name>, or name a group",
+                );
+            }
+        }
+        if let Some(cluster) = &self.accept_cluster_id {
+            if cluster.trim().is_empty() || cluster.trim() != cluster {
+                return invalid(
+                    "accept_cluster_id",
+                    "must be a cluster id as the refusal names it (e.g. \"MkU3OEVBNTcwNTJENDM2Qk\"), or be removed",
                 );
             }
         }
@@ -431,6 +450,7 @@ group_id = "g"
 commit_offsets_to_group = false
 partition_discovery_interval = "250ms"
 startup_timeout = "2s"
+accept_cluster_id = "MkU3OEVBNTcwNTJENDM2Qk"
 [source.kafka.properties]
 "fetch.max.bytes" = 1048576
 "check.crcs" = true
@@ -443,6 +463,7 @@ startup_timeout = "2s"
         assert!(!c.commit_offsets_to_group);
         assert_eq!(c.partition_discovery_interval, Duration::from_millis(250));
         assert_eq!(c.startup_timeout, Duration::from_secs(2));
+        assert_eq!(c.accept_cluster_id.as_deref(), Some("MkU3OEVBNTcwNTJENDM2Qk"));
         assert_eq!(c.properties["fetch.max.bytes"], "1048576");
         assert_eq!(c.properties["check.crcs"], "true");
         assert_eq!(c.properties["client.id"], "me");
@@ -517,6 +538,8 @@ startup_timeout = "2s"
         assert!(e.contains("`topic`") && e.contains("'/'"), "{e}");
         let e = check(&|c| c.group_id = Some(String::new()));
         assert!(e.contains("`group_id` is empty"), "{e}");
+        let e = check(&|c| c.accept_cluster_id = Some(" ".into()));
+        assert!(e.contains("`accept_cluster_id` must be a cluster id"), "{e}");
         let e = check(&|c| {
             c.properties.insert("isolation.level".into(), "read_uncommitted".into());
         });

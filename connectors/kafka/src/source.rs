@@ -46,8 +46,22 @@ pub fn split_name(topic: &str, partition: i32) -> String {
 /// - On checkpoint completion the checkpointed offsets are committed to the
 ///   group (`commit_offsets_to_group`), asynchronously and best effort.
 ///
-/// The identity is `kafka:topic=<topic>`: only the topic decides what the
-/// checkpointed positions mean.
+/// - A partition the checkpoint lists but the topic's metadata does not show
+///   when the source opens keeps its checkpointed offset: it is reported in
+///   every position (so later checkpoints keep it too) and read from that
+///   offset once discovery finds it again — never from its beginning.
+///
+/// The identity is `kafka:topic=<topic>`. The cluster the offsets belong to
+/// decides what they mean too, but knowing it takes a request to the
+/// brokers, and an identity is computed without I/O (when the pipeline is
+/// built, and for every fingerprint check). So the source records the
+/// cluster id (from the brokers' metadata) in its positions instead, as
+/// the entry `<topic>@cluster:<id>` (value 0; no split can be named so,
+/// topic names have no `@` or `:`), and `restore` refuses positions taken
+/// on another cluster with a fatal error naming both ids and the fix —
+/// unless `accept_cluster_id` names the cluster the brokers answer as now.
+/// Positions without the entry (written before it existed) are accepted,
+/// and carry it from the next checkpoint on.
 #[derive(Debug, Clone)]
 pub struct KafkaSourceFactory {
     settings: Arc<Settings>,
@@ -118,7 +132,9 @@ impl KafkaSourceFactory {
             subtask,
             parallelism,
             consumer: None,
+            cluster: None,
             next: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             known: BTreeSet::new(),
             next_discovery: Instant::now(),
             discovery: None,
@@ -147,7 +163,9 @@ impl Settings {
 struct Discovered {
     /// Every partition of the topic.
     all: BTreeSet<i32>,
-    /// New partitions of this subtask with their first offset.
+    /// New partitions of this subtask with the offset to start at: their
+    /// checkpointed one for a partition the checkpoint lists, else their
+    /// beginning.
     added: Vec<(i32, i64)>,
 }
 
@@ -157,8 +175,14 @@ struct KafkaSource {
     subtask: usize,
     parallelism: usize,
     consumer: Option<Arc<KafkaConsumer>>,
+    /// The id of the cluster the brokers belong to, when they report one.
+    cluster: Option<String>,
     /// Next offset to read of every owned partition.
     next: BTreeMap<i32, i64>,
+    /// Owned partitions the restored checkpoint lists that the metadata did
+    /// not show yet, with their checkpointed offsets: reported in every
+    /// position, and where each one resumes once discovery finds it.
+    waiting: BTreeMap<i32, i64>,
     /// Every partition of the topic seen so far, owned or not.
     known: BTreeSet<i32>,
     next_discovery: Instant,
@@ -207,13 +231,17 @@ impl KafkaSource {
             let consumer = consumer.clone();
             let settings = self.settings.clone();
             let known = self.known.clone();
+            let waiting = self.waiting.clone();
             let (subtask, parallelism) = (self.subtask, self.parallelism);
             self.discovery = Some(tokio::task::spawn_blocking(move || {
                 let all = topic_partitions(&consumer, settings.topic(), REQUEST_TIMEOUT)?;
                 let mut added = Vec::new();
                 for &p in all.difference(&known).filter(|p| owns(**p, subtask, parallelism)) {
-                    let (low, _) = consumer.fetch_watermarks(settings.topic(), p, REQUEST_TIMEOUT)?;
-                    added.push((p, low));
+                    let offset = match waiting.get(&p) {
+                        Some(restored) => *restored,
+                        None => consumer.fetch_watermarks(settings.topic(), p, REQUEST_TIMEOUT)?.0,
+                    };
+                    added.push((p, offset));
                 }
                 Ok(Discovered { all, added })
             }));
@@ -237,7 +265,16 @@ impl KafkaSource {
                 ConnectorError::transient(self.settings.context(), format!("assigning new partitions: {e}"))
             })?;
         for (p, offset) in &added {
-            tracing::info!(source = %self.settings.label, partition = p, offset, "new partition picked up");
+            if self.waiting.remove(p).is_some() {
+                tracing::info!(
+                    source = %self.settings.label,
+                    partition = p,
+                    offset,
+                    "partition of the checkpoint is back in the metadata: resuming at its checkpointed offset"
+                );
+            } else {
+                tracing::info!(source = %self.settings.label, partition = p, offset, "new partition picked up");
+            }
             self.next.insert(*p, *offset);
         }
         self.settings.metrics.add_discovered(added.len() as u64);
@@ -264,11 +301,23 @@ impl Source for KafkaSource {
         tracing::info!(
             source = %self.settings.label,
             subtask = self.subtask,
+            cluster = opened.cluster.as_deref().unwrap_or("unknown"),
             positions = ?opened.next,
             "Kafka source assigned"
         );
+        if !opened.waiting.is_empty() {
+            tracing::warn!(
+                source = %self.settings.label,
+                subtask = self.subtask,
+                partitions = ?opened.waiting,
+                "partitions of the checkpoint are missing from the topic's metadata: keeping their checkpointed \
+                 offsets until they are back"
+            );
+        }
         self.consumer = Some(Arc::new(opened.consumer));
+        self.cluster = opened.cluster;
         self.next = opened.next;
+        self.waiting = opened.waiting;
         self.known = opened.partitions;
         self.next_discovery = Instant::now() + self.settings.config.partition_discovery_interval;
         if self.settings.config.stop_at_end {
@@ -331,8 +380,11 @@ impl Source for KafkaSource {
 
     fn position(&mut self, checkpoint: CheckpointId) -> SplitPositions {
         let mut positions = SplitPositions::default();
-        for (partition, next) in &self.next {
+        for (partition, next) in self.waiting.iter().chain(&self.next) {
             positions.set(self.settings.split(*partition), *next);
+        }
+        if let Some(cluster) = &self.cluster {
+            positions.set(cluster_marker(self.settings.topic(), cluster), 0);
         }
         self.progress
             .get_mut()
@@ -484,8 +536,97 @@ fn topic_partitions(consumer: &KafkaConsumer, topic: &str, timeout: Duration) ->
 /// A consumer assigned to its partitions at their start offsets.
 struct Opened {
     consumer: KafkaConsumer,
+    cluster: Option<String>,
     next: BTreeMap<i32, i64>,
+    /// Owned partitions of the checkpoint missing from the metadata.
+    waiting: BTreeMap<i32, i64>,
     partitions: BTreeSet<i32>,
+}
+
+/// The position entry naming the cluster the positions of `topic` were
+/// read from (see [`KafkaSourceFactory`]).
+fn cluster_marker(topic: &str, cluster: &str) -> String {
+    format!("{topic}{CLUSTER_MARKER}{cluster}")
+}
+
+/// Between the topic and the cluster id in [`cluster_marker`].
+const CLUSTER_MARKER: &str = "@cluster:";
+
+/// The clusters `positions` say the offsets of `topic` were read from.
+fn recorded_clusters<'a>(positions: &'a SplitPositions, topic: &str) -> BTreeSet<&'a str> {
+    positions
+        .0
+        .keys()
+        .filter_map(|key| key.strip_prefix(topic)?.strip_prefix(CLUSTER_MARKER))
+        .collect()
+}
+
+/// Whether offsets read from the clusters `recorded` may be resumed on the
+/// cluster `current` the brokers answer as.
+fn check_cluster(settings: &Settings, recorded: &BTreeSet<&str>, current: Option<&str>) -> Result<(), ConnectorError> {
+    if recorded.is_empty() {
+        return Ok(());
+    }
+    let config = &settings.config;
+    let was = recorded
+        .iter()
+        .map(|c| format!("`{c}`"))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    let Some(current) = current else {
+        return Err(ConnectorError::transient(
+            settings.context(),
+            format!(
+                "the checkpoint's offsets were read from Kafka cluster {was}, and `{}` did not tell its cluster id \
+                 within {} to check it is the same cluster; check `bootstrap` and that the brokers are running",
+                config.bootstrap,
+                humantime::format_duration(config.startup_timeout)
+            ),
+        ));
+    };
+    if recorded.iter().all(|c| *c == current) {
+        return Ok(());
+    }
+    if config.accept_cluster_id.as_deref() == Some(current) {
+        tracing::warn!(
+            source = %settings.label,
+            was = %was,
+            now = current,
+            "resuming the checkpoint's offsets, read from another cluster, on this one, as `accept_cluster_id` says"
+        );
+        return Ok(());
+    }
+    Err(ConnectorError::fatal(
+        settings.context(),
+        format!(
+            "the checkpoint's offsets of topic `{topic}` were read from Kafka cluster {was}, but `{bootstrap}` is \
+             cluster `{current}`: offsets of one cluster mean nothing in another (resuming would skip or repeat \
+             records). Point `bootstrap` back at cluster {was}; to read cluster `{current}` from `start` instead, \
+             run the pipeline under a new `name` or `checkpoint.dir` (a first start); only if cluster `{current}` \
+             holds the very same offsets (a migration that kept them), set `accept_cluster_id = \"{current}\"` in \
+             [source.kafka]",
+            topic = settings.topic(),
+            bootstrap = config.bootstrap,
+        ),
+    ))
+}
+
+/// The cluster id the brokers report, retried until `deadline`; `None` when
+/// they report none by then.
+fn cluster_id(consumer: &KafkaConsumer, deadline: Instant) -> Option<String> {
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if let Some(id) = consumer
+            .client()
+            .fetch_cluster_id(remaining.clamp(Duration::from_millis(100), REQUEST_TIMEOUT))
+        {
+            return Some(id);
+        }
+        if Instant::now() + RETRY_PAUSE >= deadline {
+            return None;
+        }
+        std::thread::sleep(RETRY_PAUSE);
+    }
 }
 
 /// Creates the consumer, finds the partitions, resolves every start offset to a
@@ -508,6 +649,23 @@ fn open(
     let partitions = retry(settings, deadline, "reading the topic's partitions", |timeout| {
         topic_partitions(&consumer, settings.topic(), timeout)
     })?;
+    let cluster = cluster_id(&consumer, deadline);
+    let recorded = positions
+        .map(|p| recorded_clusters(p, settings.topic()))
+        .unwrap_or_default();
+    check_cluster(settings, &recorded, cluster.as_deref())?;
+    match (&cluster, positions.is_some() && recorded.is_empty()) {
+        (None, _) => tracing::warn!(
+            source = %settings.label,
+            "the brokers report no cluster id: a checkpoint cannot tell which cluster its offsets belong to"
+        ),
+        (Some(cluster), true) => tracing::info!(
+            source = %settings.label,
+            cluster,
+            "the checkpoint does not name its cluster (written before the source recorded it): recording this one"
+        ),
+        (Some(_), false) => {}
+    }
 
     // A checkpoint that read this topic lists every partition that existed
     // then: the missing ones were added since, so they start at the beginning.
@@ -533,6 +691,12 @@ fn open(
             None => unresolved.push(p),
         }
     }
+    let waiting: BTreeMap<i32, i64> = positions
+        .map(|pos| checkpointed_partitions(pos, settings.topic()))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(p, _)| owns(*p, subtask, parallelism) && !partitions.contains(p))
+        .collect();
     if !unresolved.is_empty() {
         let resolved = retry(
             settings,
@@ -547,9 +711,23 @@ fn open(
         .map_err(|e| ConnectorError::fatal(settings.context(), format!("assigning partitions: {e}")))?;
     Ok(Opened {
         consumer,
+        cluster,
         next,
+        waiting,
         partitions,
     })
+}
+
+/// The partitions of `topic` that `positions` hold an offset for.
+fn checkpointed_partitions(positions: &SplitPositions, topic: &str) -> BTreeMap<i32, i64> {
+    positions
+        .0
+        .iter()
+        .filter_map(|(split, offset)| {
+            let partition = split.strip_prefix(topic)?.strip_prefix('-')?.parse().ok()?;
+            Some((partition, *offset))
+        })
+        .collect()
 }
 
 /// Runs `attempt` until it succeeds or `deadline` passes.
@@ -727,6 +905,53 @@ mod tests {
         assert_eq!(progress.recent.len(), SNAPSHOTS_KEPT);
         assert_eq!(progress.completed(CheckpointId(1)), None, "snapshot 1 is gone");
         assert_eq!(progress.completed(CheckpointId(200)), Some(at(199)));
+    }
+
+    #[test]
+    fn positions_name_their_cluster_and_another_one_is_refused() {
+        let factory = |accept: Option<&str>| {
+            let mut config = KafkaSourceConfig::new("127.0.0.1:1", "orders");
+            config.accept_cluster_id = accept.map(String::from);
+            KafkaSourceFactory::new("p", config).unwrap()
+        };
+        let mut p = at(3);
+        p.set("orders-0", 5);
+        p.set(cluster_marker("orders", "A-1_x"), 0);
+        p.set(cluster_marker("other", "B"), 0);
+        p.set("orders-x-1", 7);
+        let recorded = recorded_clusters(&p, "orders");
+        assert_eq!(recorded, ["A-1_x"].into());
+        assert_eq!(
+            checkpointed_partitions(&p, "orders"),
+            [(0, 5)].into(),
+            "the marker is no partition"
+        );
+
+        let plain = factory(None);
+        assert!(check_cluster(&plain.settings, &recorded, Some("A-1_x")).is_ok());
+        assert!(
+            check_cluster(&plain.settings, &BTreeSet::new(), Some("B")).is_ok(),
+            "nothing recorded"
+        );
+        let refused = check_cluster(&plain.settings, &recorded, Some("B")).unwrap_err();
+        assert!(!refused.is_retriable(), "{refused}");
+        for part in [
+            "cluster `A-1_x`",
+            "is cluster `B`",
+            "accept_cluster_id = \"B\"",
+            "new `name`",
+        ] {
+            assert!(refused.to_string().contains(part), "`{part}` missing from {refused}");
+        }
+        let unknown = check_cluster(&plain.settings, &recorded, None).unwrap_err();
+        assert!(unknown.is_retriable(), "{unknown}");
+
+        let accepting = factory(Some("B"));
+        assert!(check_cluster(&accepting.settings, &recorded, Some("B")).is_ok());
+        assert!(
+            check_cluster(&accepting.settings, &recorded, Some("C")).is_err(),
+            "only the named cluster"
+        );
     }
 
     #[test]

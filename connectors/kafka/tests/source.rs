@@ -72,8 +72,13 @@ impl Fixture {
     }
 
     async fn on(broker: Broker, name: &str, partitions: i32) -> Fixture {
+        Self::with_topic(broker, unique(name), partitions).await
+    }
+
+    /// On `broker`, with the topic named `topic` (another cluster may have
+    /// one of the same name).
+    async fn with_topic(broker: Broker, topic: String, partitions: i32) -> Fixture {
         let admin = KafkaAdmin::new(broker.get().bootstrap());
-        let topic = unique(name);
         admin.create_topic(&topic, partitions).await.expect("create topic");
         Fixture { broker, admin, topic }
     }
@@ -195,6 +200,27 @@ fn positions(sources: &mut [Box<dyn Source>]) -> SplitPositions {
     all
 }
 
+/// The entry of positions that names the cluster they were read from.
+fn cluster_entry(topic: &str, cluster: &str) -> String {
+    format!("{topic}@cluster:{cluster}")
+}
+
+/// The clusters `positions` name.
+fn clusters_in(positions: &SplitPositions) -> BTreeSet<String> {
+    positions
+        .0
+        .keys()
+        .filter_map(|k| Some(k.split_once("@cluster:")?.1.to_string()))
+        .collect()
+}
+
+/// `positions` without the entry naming the cluster: the offsets.
+fn offsets(positions: &SplitPositions) -> SplitPositions {
+    let mut offsets = positions.clone();
+    offsets.0.retain(|split, _| !split.contains("@cluster:"));
+    offsets
+}
+
 /// The values of `records`, sorted; asserts no (split, offset) appears twice.
 fn values(records: &[Record]) -> Vec<String> {
     let ids: BTreeSet<_> = records.iter().map(|r| (r.split.clone(), r.offset)).collect();
@@ -254,7 +280,15 @@ async fn two_subtasks_read_every_record_once_with_its_metadata() {
             "timestamp {ts}"
         );
     }
-    assert_eq!(positions(&mut sources), ends(&fx.topic, &delivered));
+    let taken = positions(&mut sources);
+    assert_eq!(offsets(&taken), ends(&fx.topic, &delivered));
+    let cluster = fx.admin.cluster_id().await.expect("the cluster id");
+    assert_eq!(
+        clusters_in(&taken),
+        [cluster.clone()].into(),
+        "the positions name their cluster"
+    );
+    assert_eq!(taken.get(&cluster_entry(&fx.topic, &cluster)), Some(0));
 
     // A plain consumer sees the very same records.
     let mut sorted = records;
@@ -298,7 +332,7 @@ async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore
     let mut sources = subtasks(&factory, 1, None).await;
     // Resolved to numbers before any record arrived.
     let at_start = positions(&mut sources);
-    assert_eq!(at_start, ends(&fx.topic, &old));
+    assert_eq!(offsets(&at_start), ends(&fx.topic, &old));
 
     fx.produce(20..30, 2).await;
     assert_eq!(values(&read(&mut sources, 10).await), expected(20..30));
@@ -342,7 +376,7 @@ async fn partitions_added_later_are_read_from_their_beginning() {
     fx.produce(20..40, 4).await;
     records.extend(read(&mut sources, 20).await);
     assert_eq!(values(&records), expected(10..40));
-    let splits: BTreeSet<String> = positions(&mut sources).0.into_keys().collect();
+    let splits: BTreeSet<String> = offsets(&positions(&mut sources)).0.into_keys().collect();
     assert_eq!(splits, (0..4).map(|p| format!("{}-{p}", fx.topic)).collect());
     assert_eq!(factory.metrics().partitions_discovered, 2);
 }
@@ -367,6 +401,99 @@ async fn a_partition_created_after_the_checkpoint_is_read_from_its_beginning_on_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_missing_from_the_metadata_keeps_its_checkpointed_offset_until_it_is_back() {
+    let fx = Fixture::new("missing", 2).await;
+    fx.produce(0..20, 2).await;
+    let factory = fx.factory(|_| {});
+    let mut first = subtasks(&factory, 1, None).await;
+    read(&mut first, 20).await;
+    // The checkpoint also has partition 2, read up to offset 3 — but the
+    // metadata does not show it when the source opens (as from a broker
+    // that has not caught up with the topic's partitions yet).
+    let mut checkpoint = positions(&mut first);
+    drop(first);
+    let missing = format!("{}-2", fx.topic);
+    checkpoint.set(&missing, 3);
+    let mut restored = subtasks(&factory, 2, Some(&checkpoint)).await;
+    let while_missing = positions(&mut restored);
+    assert_eq!(
+        while_missing, checkpoint,
+        "a checkpoint taken while partition 2 is missing forgets its offset"
+    );
+    // A restart from such a checkpoint keeps it too.
+    let mut again = subtasks(&factory, 2, Some(&while_missing)).await;
+    assert_eq!(positions(&mut again).get(&missing), Some(3));
+    drop(again);
+
+    fx.admin
+        .create_partitions(&fx.topic, 3)
+        .await
+        .expect("CreatePartitions");
+    let records = (100..110).map(|i| ProduceRecord::new(format!("v-{i}")).to_partition(2));
+    let delivered = fx.admin.produce(&fx.topic, records).await.expect("produce");
+    assert_eq!(delivered.first(), Some(&(2, 0)), "partition 2 starts at offset 0");
+    let back = read(&mut restored, 7).await;
+    assert_eq!(
+        back.iter().map(|r| (r.split.clone(), r.offset)).collect::<Vec<_>>(),
+        (3..10).map(|o| (missing.clone(), o)).collect::<Vec<_>>(),
+        "partition 2 resumes at its checkpointed offset 3, not at its beginning"
+    );
+    assert_eq!(values(&back), expected(103..110));
+    assert_eq!(positions(&mut restored).get(&missing), Some(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_read_from_another_cluster_are_refused_unless_that_cluster_is_accepted() {
+    let a = Fixture::new("cluster", 2).await;
+    let other = KafkaBroker::start().expect("start a second Kafka broker");
+    let b = Fixture::with_topic(Broker::Own(Box::new(other)), a.topic.clone(), 2).await;
+    let (cluster_a, cluster_b) = (
+        a.admin.cluster_id().await.expect("cluster a"),
+        b.admin.cluster_id().await.expect("cluster b"),
+    );
+    assert_ne!(cluster_a, cluster_b, "two brokers of the test kit are two clusters");
+    a.produce(0..20, 2).await;
+    b.produce(0..40, 2).await;
+    let mut on_a = subtasks(&a.factory(|_| {}), 1, None).await;
+    read(&mut on_a, 20).await;
+    let taken = positions(&mut on_a);
+    assert_eq!(clusters_in(&taken), [cluster_a.clone()].into());
+
+    // The same pipeline pointed at the other cluster, whose topic has the
+    // same name.
+    let mut refused = b.factory(|_| {}).create(0, 1).unwrap();
+    let error = refused
+        .restore(Some(&taken))
+        .await
+        .expect_err("offsets of cluster a on cluster b");
+    assert!(!error.is_retriable(), "{error}");
+    let message = error.to_string();
+    for part in [
+        format!("read from Kafka cluster `{cluster_a}`"),
+        format!("`{}` is cluster `{cluster_b}`", b.bootstrap()),
+        format!("accept_cluster_id = \"{cluster_b}\""),
+        "Point `bootstrap` back".to_string(),
+    ] {
+        assert!(message.contains(&part), "`{part}` missing from {message}");
+    }
+    // The same positions on their own cluster are fine.
+    let mut back_on_a = subtasks(&a.factory(|_| {}), 1, Some(&taken)).await;
+    assert_eq!(positions(&mut back_on_a), taken);
+
+    // Accepted by name: the offsets are resumed there, and the positions
+    // name the new cluster from now on.
+    let accepting = b.factory(|c| c.accept_cluster_id = Some(cluster_b.clone()));
+    let mut moved = subtasks(&accepting, 1, Some(&taken)).await;
+    assert_eq!(values(&read(&mut moved, 20).await), expected(20..40));
+    assert_eq!(clusters_in(&positions(&mut moved)), [cluster_b.clone()].into());
+
+    // Positions that name no cluster (written before they did) are taken
+    // as they are, and name one from then on.
+    let mut older = subtasks(&b.factory(|_| {}), 1, Some(&offsets(&taken))).await;
+    assert_eq!(clusters_in(&positions(&mut older)), [cluster_b].into());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpointed_offsets_are_committed_to_the_group_and_start_group_uses_them() {
     let fx = Fixture::new("group", 2).await;
     fx.produce(0..20, 2).await;
@@ -374,7 +501,7 @@ async fn checkpointed_offsets_are_committed_to_the_group_and_start_group_uses_th
     let factory = fx.factory(|c| c.group_id = Some(group.clone()));
     let mut sources = subtasks(&factory, 1, None).await;
     read(&mut sources, 20).await;
-    let checkpoint = positions(&mut sources);
+    let checkpoint = offsets(&positions(&mut sources));
     sources[0].checkpoint_complete(CheckpointId(1)).await.unwrap();
     eventually(async || {
         let got = group_offsets(&fx, &group).await;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
 use super::install::KAFKA_VERSION;
-use super::jvm::{CLUSTER_ID, LOG_FILE, TEST_SETTINGS};
+use super::jvm::{new_cluster_id, CLUSTER_ID, LOG_FILE, TEST_SETTINGS};
 use super::ready;
 use crate::container::{strings, Container, ContainerSpec, Engine};
 use crate::error::{Result, TestkitError};
@@ -87,6 +87,13 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
         Vec::new()
     };
     let settings = settings.to_vec();
+    // A cluster of its own, except where a data folder is reused (see
+    // `CLUSTER_ID`); kept across restarts of this broker.
+    let cluster_id = if persistent {
+        CLUSTER_ID.to_string()
+    } else {
+        new_cluster_id()
+    };
     let options = move |port: u16| -> Vec<String> {
         let mut options = Vec::new();
         if let Some(data) = &mount {
@@ -98,7 +105,7 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
             ));
             options.extend(strings(&["--entrypoint", "/bin/sh"]));
         }
-        for (name, value) in kafka_env(port, &settings) {
+        for (name, value) in kafka_env(port, &cluster_id, &settings) {
             options.push("-e".into());
             options.push(format!("{name}={value}"));
         }
@@ -125,12 +132,12 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
 /// `KAFKA_*` variables (the image turns them into broker properties) for a
 /// combined broker and controller on `port`, with the test settings and the
 /// caller's.
-fn kafka_env(port: u16, settings: &[(String, String)]) -> Vec<(String, String)> {
+fn kafka_env(port: u16, cluster_id: &str, settings: &[(String, String)]) -> Vec<(String, String)> {
     // The controller listener is not published; it only has to differ from
     // the client port.
     let controller = if port == 9093 { 9094 } else { 9093 };
     let mut env: Vec<(String, String)> = [
-        ("CLUSTER_ID", CLUSTER_ID.to_string()),
+        ("CLUSTER_ID", cluster_id.to_string()),
         ("KAFKA_NODE_ID", "1".into()),
         ("KAFKA_PROCESS_ROLES", "broker,controller".into()),
         ("KAFKA_CONTROLLER_QUORUM_VOTERS", format!("1@127.0.0.1:{controller}")),
@@ -183,7 +190,7 @@ mod tests {
 
     #[test]
     fn the_container_advertises_the_published_port_and_allows_transactions() {
-        let env: HashMap<_, _> = kafka_env(41234, &[]).into_iter().collect();
+        let env: HashMap<_, _> = kafka_env(41234, CLUSTER_ID, &[]).into_iter().collect();
         assert_eq!(env["KAFKA_ADVERTISED_LISTENERS"], "PLAINTEXT://127.0.0.1:41234");
         assert_eq!(env["KAFKA_LISTENERS"], "PLAINTEXT://:41234,CONTROLLER://:9093");
         assert_eq!(env["KAFKA_CONTROLLER_QUORUM_VOTERS"], "1@127.0.0.1:9093");
@@ -194,7 +201,7 @@ mod tests {
         ] {
             assert_eq!(env[var], "1", "{var}");
         }
-        let clash: HashMap<_, _> = kafka_env(9093, &[]).into_iter().collect();
+        let clash: HashMap<_, _> = kafka_env(9093, CLUSTER_ID, &[]).into_iter().collect();
         assert_eq!(clash["KAFKA_LISTENERS"], "PLAINTEXT://:9093,CONTROLLER://:9094");
     }
 
@@ -204,7 +211,7 @@ mod tests {
             ("transaction.max.timeout.ms".to_string(), "5000".to_string()),
             ("num.partitions".to_string(), "3".to_string()),
         ];
-        let env = kafka_env(41234, &settings);
+        let env = kafka_env(41234, CLUSTER_ID, &settings);
         let values: Vec<_> = env.iter().filter(|(k, _)| k == "KAFKA_NUM_PARTITIONS").collect();
         assert_eq!(values.len(), 1);
         assert_eq!(values[0].1, "3");

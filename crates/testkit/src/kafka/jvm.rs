@@ -20,8 +20,11 @@ use crate::error::{Result, TestkitError};
 use crate::handle::Lifecycle;
 use crate::process::{self, GroupChild, Startup};
 
-/// The cluster id every test kit broker formats its data with; fixed so that
-/// a broker started on an existing data folder finds its own id there.
+/// The cluster id of a container broker on a persistent data folder: fixed,
+/// because the image formats its data on every start (skipping a formatted
+/// folder), and a container started again on the same folder must agree
+/// with the id already there. Every other broker formats its data once with
+/// a [`new_cluster_id`] of its own.
 pub(crate) const CLUSTER_ID: &str = "ZXhhY3RseS10ZXN0a2l0LQ";
 /// File Kafka writes into a formatted data folder.
 pub(crate) const META_PROPERTIES: &str = "meta.properties";
@@ -176,17 +179,30 @@ impl JvmBroker {
         text
     }
 
-    /// `StorageTool format --standalone` once per data folder.
+    /// `StorageTool format --standalone` once per data folder, with a
+    /// cluster id of its own: two brokers of the kit are two clusters to a
+    /// client, as two real clusters are. A broker started again on its
+    /// folder finds the id there.
     fn format_if_new(&self) -> Result<()> {
         if self.spec.dir.join(DATA_DIR).join(META_PROPERTIES).exists() {
             return Ok(());
         }
+        let cluster_id = new_cluster_id();
         let mut format = self.java();
         format
             .arg("kafka.tools.StorageTool")
-            .args(["format", "--standalone", "--ignore-formatted", "-t", CLUSTER_ID, "-c"])
+            .args(["format", "--standalone", "--ignore-formatted", "-t", &cluster_id, "-c"])
             .arg(self.spec.dir.join(PROPERTIES_FILE));
         process::run_command(SERVICE, &mut format, None, FIX_START).map(drop)
+    }
+
+    /// The cluster id its data folder was formatted with.
+    #[cfg(test)]
+    pub(crate) fn cluster_id(&self) -> Option<String> {
+        let meta = fs::read_to_string(self.spec.dir.join(DATA_DIR).join(META_PROPERTIES)).ok()?;
+        meta.lines()
+            .find_map(|line| line.strip_prefix("cluster.id="))
+            .map(|id| id.trim().to_string())
     }
 
     /// `java <options> -cp <libs>/* MAIN`, run in the broker's folder.
@@ -300,6 +316,61 @@ fn jvm_property(name: &str, path: &Path) -> OsString {
     arg
 }
 
+/// A fresh cluster id: 16 random bytes in URL-safe base64 without padding
+/// (22 characters), as Kafka's `Uuid` prints them. The first character is
+/// never `-`, which `StorageTool -t` would take for an option.
+pub(crate) fn new_cluster_id() -> String {
+    let mut bytes = random_bytes();
+    bytes[0] &= 0x7f;
+    cluster_id_of(bytes)
+}
+
+/// `bytes` in URL-safe base64 without padding.
+fn cluster_id_of(bytes: [u8; 16]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let value = u128::from_be_bytes(bytes);
+    let mut chars = [0u8; 22];
+    for (i, c) in chars.iter_mut().enumerate() {
+        // Sextet i holds bits 6i..6i+6 from the top; the last one takes the
+        // low 2 bits followed by zeros.
+        let end = 6 * i as u32 + 6;
+        let sextet = if end <= 128 {
+            value >> (128 - end)
+        } else {
+            value << (end - 128)
+        };
+        *c = ALPHABET[(sextet & 0x3f) as usize];
+    }
+    String::from_utf8(chars.to_vec()).expect("the alphabet is ASCII")
+}
+
+/// 16 bytes from the kernel's random source, or (without one) from the
+/// time, the pid and a counter.
+fn random_bytes() -> [u8; 16] {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    if fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok()
+    {
+        return bytes;
+    }
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let seed =
+        nanos ^ (u64::from(std::process::id()) << 32) ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    bytes[..8].copy_from_slice(&mix(seed).to_be_bytes());
+    bytes[8..].copy_from_slice(&mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15)).to_be_bytes());
+    bytes
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TestkitError + '_ {
     move |source| TestkitError::Io {
         service: SERVICE,
@@ -379,6 +450,22 @@ mod tests {
             "transaction.state.log.min.isr",
         ] {
             assert_eq!(value(&text, key).as_deref(), Some("1"), "{key}");
+        }
+    }
+
+    #[test]
+    fn cluster_ids_are_kafka_uuids_of_their_own() {
+        assert_eq!(cluster_id_of(*b"exactly-testkit-"), CLUSTER_ID);
+        assert_eq!(cluster_id_of([0xff; 16]), "_____________________w");
+        let ids: std::collections::BTreeSet<String> = (0..64).map(|_| new_cluster_id()).collect();
+        assert_eq!(ids.len(), 64, "every broker gets an id of its own");
+        for id in &ids {
+            assert_eq!(id.len(), 22, "{id}");
+            assert!(!id.starts_with('-'), "{id} would read as an option");
+            assert!(
+                id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{id}"
+            );
         }
     }
 

@@ -269,7 +269,20 @@ mod tests {
         assert!(std::ptr::eq(first, second));
         if !first.is_external() {
             let info = ready::metadata_answered(first.port()).expect("a Metadata answer");
-            assert_eq!(info.cluster_id.as_deref(), Some(jvm::CLUSTER_ID));
+            // A container broker formats its data in the container.
+            if let Some(jvm) = first.jvm() {
+                let formatted = jvm.cluster_id();
+                assert!(formatted.is_some(), "the data folder names its cluster");
+                assert_eq!(
+                    info.cluster_id, formatted,
+                    "the cluster id in Metadata is the one formatted"
+                );
+            }
+            assert_ne!(
+                info.cluster_id.as_deref(),
+                Some(jvm::CLUSTER_ID),
+                "a cluster of its own"
+            );
             assert_eq!(info.brokers, 1);
         }
     }
