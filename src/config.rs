@@ -116,6 +116,10 @@ pub struct CheckpointSection {
     /// history can be read.
     #[serde(default)]
     pub allow_first_start: bool,
+    /// Restore the newest readable checkpoint although newer entries cannot
+    /// be read and the sinks do not prove the replay harmless.
+    #[serde(default)]
+    pub allow_fallback: bool,
 }
 
 /// `[restart]`.
@@ -339,6 +343,7 @@ impl PipelineFile {
         config.allow_fingerprint_change = c.allow_fingerprint_change;
         config.allow_parallelism_change = c.allow_parallelism_change;
         config.allow_first_start = c.allow_first_start;
+        config.allow_fallback = c.allow_fallback;
         config.checkpoint = CheckpointConfig {
             interval: c.interval.map_or(defaults.interval, |d| d.0),
             min_pause: c.min_pause.map_or(defaults.min_pause, |d| d.0),

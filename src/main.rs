@@ -23,18 +23,8 @@ enum Cmd {
     Run {
         /// The pipeline file.
         file: PathBuf,
-        /// Resume even if the latest checkpoint was written by a different pipeline definition.
-        #[arg(long)]
-        allow_fingerprint_change: bool,
-        /// Resume from a checkpoint taken at another parallelism: the new sink
-        /// subtasks commit what the old ones left pending and abort the rest.
-        #[arg(long)]
-        allow_parallelism_change: bool,
-        /// Start as if for the first time although the checkpoint folder has a
-        /// history none of whose entries can be read (they are kept as
-        /// `<name>.unreadable`): sources go back to `start`.
-        #[arg(long)]
-        allow_first_start: bool,
+        #[command(flatten)]
+        flags: RunFlags,
     },
     /// Inspect a pipeline's externalized checkpoints.
     Checkpoints {
@@ -67,19 +57,7 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Cmd::Run {
-            file,
-            allow_fingerprint_change,
-            allow_parallelism_change,
-            allow_first_start,
-        } => run(
-            &file,
-            RunFlags {
-                allow_fingerprint_change,
-                allow_parallelism_change,
-                allow_first_start,
-            },
-        ),
+        Cmd::Run { file, flags } => run(&file, flags),
         Cmd::Checkpoints {
             command: CheckpointCmd::List { file },
         } => list_checkpoints(&file),
@@ -87,11 +65,27 @@ fn main() -> Result<()> {
     }
 }
 
-/// The `--allow-*` flags of `exactly run`: each adds to its pipeline-file key.
+/// The `--allow-*` flags of `exactly run`: each adds to the pipeline file's
+/// key of the same name in `[checkpoint]`.
+#[derive(clap::Args)]
 struct RunFlags {
+    /// Resume even if the latest checkpoint was written by a different pipeline definition.
+    #[arg(long)]
     allow_fingerprint_change: bool,
+    /// Resume from a checkpoint taken at another parallelism: the new sink
+    /// subtasks commit what the old ones left pending and abort the rest.
+    #[arg(long)]
     allow_parallelism_change: bool,
+    /// Start as if for the first time although the checkpoint folder has a
+    /// history none of whose entries can be read (they are kept as
+    /// `<name>.unreadable`): sources go back to `start`.
+    #[arg(long)]
     allow_first_start: bool,
+    /// Restore the newest readable checkpoint although newer entries cannot
+    /// be read and the sinks cannot prove that nothing after it was
+    /// committed: the records after it are written again (duplicates).
+    #[arg(long)]
+    allow_fallback: bool,
 }
 
 fn run(file: &Path, flags: RunFlags) -> Result<()> {
@@ -99,6 +93,7 @@ fn run(file: &Path, flags: RunFlags) -> Result<()> {
     config.checkpoint.allow_fingerprint_change |= flags.allow_fingerprint_change;
     config.checkpoint.allow_parallelism_change |= flags.allow_parallelism_change;
     config.checkpoint.allow_first_start |= flags.allow_first_start;
+    config.checkpoint.allow_fallback |= flags.allow_fallback;
     let pipeline = config.build()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let summary = runtime.block_on(pipeline.run(shutdown_signal()))?;

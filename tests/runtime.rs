@@ -82,6 +82,12 @@ impl ErasedSink for FaultySink {
     async fn abort(&mut self) -> Result<(), ConnectorError> {
         self.inner.abort().await
     }
+    async fn check_replay_after(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> Result<exactly::core::ReplayCheck, ConnectorError> {
+        self.inner.check_replay_after(checkpoint).await
+    }
 }
 
 const SPLITS: usize = 3;
@@ -380,8 +386,7 @@ async fn a_failing_clean_up_of_old_entries_fails_no_checkpoint() {
     assert_eq!(summary.metrics.checkpoints_failed, 0, "{:?}", summary.metrics);
     assert!(summary.metrics.checkpoints_completed > 1, "{:?}", summary.metrics);
     assert_eq!(
-        summary.metrics.store_cleanup_failures,
-        summary.metrics.checkpoints_completed,
+        summary.metrics.store_cleanup_failures, summary.metrics.checkpoints_completed,
         "every clean-up after a checkpoint's save failed and was counted: {:?}",
         summary.metrics
     );

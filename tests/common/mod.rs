@@ -71,12 +71,21 @@ pub fn run_with_env(
         .env_remove(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV)
         .envs(env.iter().copied());
     if let Some(point) = crash_at {
-        cmd.env("EXACTLY_CRASH_AT", point);
+        // `<crash point>+<delay point>=<duration>`: the delay holds another
+        // subtask back so the crash lands where its name says (see
+        // TWO_PHASE_CRASH_CASES).
+        match point.split_once('+') {
+            Some((crash, delay)) => cmd.env("EXACTLY_CRASH_AT", crash).env("EXACTLY_DELAY_AT", delay),
+            None => cmd.env("EXACTLY_CRASH_AT", point),
+        };
     }
     let out = cmd.output().expect("running the exactly binary");
     (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// Runs the pipeline until it kills itself at `point` (see
+/// [`run_with_env`] for the `+<delay>` form), and checks from its log that
+/// it died at that very point (and subtask).
 pub fn run_killed_at(config: &Path, point: &str) {
     let (status, log) = run(config, Some(point), &[]);
     assert_eq!(
@@ -84,6 +93,49 @@ pub fn run_killed_at(config: &Path, point: &str) {
         Some(libc::SIGKILL),
         "the run was supposed to be killed at {point}; it ended with {status}:\n{log}"
     );
+    let crash = point.split_once('+').map_or(point, |(crash, _)| crash);
+    let (name, nth) = crash.rsplit_once(':').unwrap_or((crash, "1"));
+    let (name, subtask) = match name.split_once('@') {
+        Some((name, subtask)) => (name, Some(subtask)),
+        None => (name, None),
+    };
+    let line = log
+        .lines()
+        .find(|l| l.contains("crash point reached"))
+        .unwrap_or_else(|| panic!("the log of the run killed at {point} does not say where it crashed:\n{log}"));
+    let plain: String = strip_ansi(line);
+    assert!(
+        plain.contains(&format!("point=\"{name}\"")) || plain.contains(&format!("point={name}")),
+        "killed elsewhere than {point}: {plain}"
+    );
+    assert!(
+        plain.contains(&format!("hit={nth}")),
+        "killed at another hit than {point}: {plain}"
+    );
+    if let Some(subtask) = subtask {
+        assert!(
+            plain.contains(&format!("subtask=Some({subtask})")),
+            "killed in another subtask than {point}: {plain}"
+        );
+    }
+}
+
+/// `text` without terminal colour codes.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 pub fn run_to_completion(config: &Path) {
@@ -193,7 +245,12 @@ pub const TWO_PHASE_CRASH_CASES: &[(&str, &[&str])] = &[
     ("while_writing", &["source.after_emit:40"]),
     ("after_pre_commit_before_persist", &["sink.after_pre_commit:3"]),
     ("after_persist_before_commit", &["coordinator.after_persist:3"]),
-    ("between_two_subtasks_commits", &["sink.after_commit:2"]),
+    // Subtask 1 waits before its second commit while subtask 0 makes its
+    // second and dies: one committed the checkpoint, the other did not.
+    (
+        "between_two_subtasks_commits",
+        &["sink.after_commit@0:2+sink.before_commit@1:2=3s"],
+    ),
     (
         "during_recovery",
         &["coordinator.after_persist:2", "recovery.after_commit:1"],

@@ -668,8 +668,8 @@ impl KafkaSink {
     /// Commits `c` with EndTxn as its producer id and epoch, without
     /// InitProducerId: retries what may pass later, reports a refusal as lost.
     async fn finish_with_end_txn(&self, c: &KafkaCommittable) -> Result<(), ConnectorError> {
-        fault::point("kafka_sink.before_end_txn");
-        fault::pause("kafka_sink.before_end_txn").await;
+        fault::point_at("kafka_sink.before_end_txn", self.context.subtask);
+        fault::pause_at("kafka_sink.before_end_txn", self.context.subtask).await;
         let deadline = Instant::now() + COMMIT_DEADLINE;
         let mut backoff = FIRST_BACKOFF;
         loop {

@@ -104,6 +104,22 @@ pub enum StoreError {
         /// What is there: the unreadable entries and why, the id watermark.
         history: String,
     },
+    /// Newer entries than the newest readable one cannot be read, and the
+    /// sinks do not prove that restoring the older one duplicates nothing.
+    #[error(
+        "the newest checkpoint entries in {dir} cannot be read ({skipped}); the newest readable one is \
+         checkpoint {restored}. Restoring it would write every record after it again, and {known}. Refusing \
+         to start: restore the unreadable entries (from a backup), or accept the fallback and its \
+         duplicates deliberately with allow_fallback = true in [checkpoint] or --allow-fallback"
+    )]
+    FallbackRefused {
+        dir: String,
+        /// The unreadable entries and why.
+        skipped: String,
+        restored: CheckpointId,
+        /// What is known to have been committed after `restored`.
+        known: String,
+    },
     /// The latest complete checkpoint was taken at another parallelism, and
     /// changing it was not allowed.
     #[error(

@@ -6,8 +6,12 @@
 //! flushing, exactly like a machine losing power at that moment. Without the
 //! variable a point costs one atomic load.
 //!
-//! Format: `EXACTLY_CRASH_AT=<point>[:<nth hit, default 1>]`, e.g.
-//! `EXACTLY_CRASH_AT=sink.after_pre_commit:3`.
+//! Format: `EXACTLY_CRASH_AT=<point>[@<subtask>][:<nth hit, default 1>]`,
+//! e.g. `EXACTLY_CRASH_AT=sink.after_pre_commit:3` (the third hit by any
+//! subtask) or `sink.after_commit@0:2` (the second hit by subtask 0: points
+//! of subtasks count each subtask's hits apart). The log line before the kill
+//! names the point, the subtask and the hit, so a test can check which
+//! phase it hit.
 //!
 //! A sibling variable pauses instead of killing, to hold a phase up (a slow
 //! checkpoint write, a sink that takes long to acknowledge):
@@ -26,8 +30,15 @@
 //! | `coordinator.before_persist` | every task acknowledged; nothing persisted |
 //! | `store.before_fsync` | the entry is half written (temporary file) |
 //! | `coordinator.after_persist` | checkpoint durable; no sink has committed |
+//! | `sink.before_commit` | a sink subtask is about to commit a completed checkpoint (a delay point) |
 //! | `sink.after_commit` | one sink subtask committed; others may not have |
 //! | `recovery.after_commit` | recovery committed one subtask's pending transactions |
+//!
+//! The points of a subtask (`source.*`, `sink.*`, `recovery.*` and the
+//! connectors' own) take `@<subtask>`; the others count every hit.
+//! Connectors' points: `kafka_sink.before_end_txn` (recovery is about to
+//! finish a listed transaction with EndTxn), `kafka_sink.before_init_producer`
+//! (on the blocking thread of an InitProducerId; a delay point).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -35,6 +46,8 @@ use std::time::Duration;
 
 struct Plan {
     point: String,
+    /// Only this subtask's hits count (`point@subtask`).
+    subtask: Option<usize>,
     nth: u32,
     hits: AtomicU32,
 }
@@ -46,22 +59,28 @@ pub const CRASH_AT_ENV: &str = "EXACTLY_CRASH_AT";
 pub const DELAY_AT_ENV: &str = "EXACTLY_DELAY_AT";
 
 impl Plan {
-    /// `<point>[:<nth>]`.
+    /// `<point>[@<subtask>][:<nth>]`.
     fn parse(spec: &str) -> Plan {
         let (point, nth) = match spec.rsplit_once(':') {
-            Some((p, n)) if n.parse::<u32>().is_ok() => (p.to_string(), n.parse().unwrap_or(1)),
-            _ => (spec.to_string(), 1),
+            Some((p, n)) if n.parse::<u32>().is_ok() => (p, n.parse().unwrap_or(1)),
+            _ => (spec, 1),
+        };
+        let (point, subtask) = match point.rsplit_once('@') {
+            Some((p, s)) if s.parse::<usize>().is_ok() => (p, s.parse().ok()),
+            _ => (point, None),
         };
         Plan {
-            point,
+            point: point.to_string(),
+            subtask,
             nth: nth.max(1),
             hits: AtomicU32::new(0),
         }
     }
 
-    /// Whether this call of `name` is the planned hit.
-    fn hit(&self, name: &str) -> Option<u32> {
-        if self.point != name {
+    /// Whether this call of `name` (by `subtask`, when a subtask's) is the
+    /// planned hit.
+    fn hit(&self, name: &str, subtask: Option<usize>) -> Option<u32> {
+        if self.point != name || self.subtask.is_some_and(|s| subtask != Some(s)) {
             return None;
         }
         let hit = self.hits.fetch_add(1, Ordering::SeqCst) + 1;
@@ -98,10 +117,10 @@ fn parse_delay(spec: &str) -> Result<(Plan, Duration), String> {
 
 /// How long to pause at `name`, when `EXACTLY_DELAY_AT` selects this point
 /// and hit.
-fn delay(name: &str) -> Option<Duration> {
+fn delay(name: &str, subtask: Option<usize>) -> Option<Duration> {
     let (plan, duration) = delay_plan()?;
-    let hit = plan.hit(name)?;
-    tracing::warn!(point = name, hit, ?duration, "delay point reached: pausing");
+    let hit = plan.hit(name, subtask)?;
+    tracing::warn!(point = name, ?subtask, hit, ?duration, "delay point reached: pausing");
     Some(*duration)
 }
 
@@ -109,14 +128,22 @@ fn delay(name: &str) -> Option<Duration> {
 /// selects this point and hit. Without the variable it costs one atomic
 /// load.
 pub async fn pause(name: &str) {
-    if let Some(duration) = delay(name) {
+    if let Some(duration) = delay(name, None) {
+        tokio::time::sleep(duration).await;
+    }
+}
+
+/// [`pause`] at a point of subtask `subtask` (its hits count apart when the
+/// plan names a subtask).
+pub async fn pause_at(name: &str, subtask: usize) {
+    if let Some(duration) = delay(name, Some(subtask)) {
         tokio::time::sleep(duration).await;
     }
 }
 
 /// [`pause`] for code that runs on a blocking thread.
 pub fn pause_blocking(name: &str) {
-    if let Some(duration) = delay(name) {
+    if let Some(duration) = delay(name, None) {
         std::thread::sleep(duration);
     }
 }
@@ -136,10 +163,21 @@ pub fn abort_pending_on_recover() -> bool {
 /// Marks a crash point. Kills the process with SIGKILL when `EXACTLY_CRASH_AT`
 /// selects this point and hit.
 pub fn point(name: &str) {
+    crash_if_planned(name, None);
+}
+
+/// [`point`] of subtask `subtask`: with `EXACTLY_CRASH_AT=<point>@<subtask>`
+/// only that subtask's hits count.
+pub fn point_at(name: &str, subtask: usize) {
+    crash_if_planned(name, Some(subtask));
+}
+
+fn crash_if_planned(name: &str, subtask: Option<usize>) {
     let Some(plan) = plan() else { return };
-    if let Some(hit) = plan.hit(name) {
+    if let Some(hit) = plan.hit(name, subtask) {
         tracing::error!(
             point = name,
+            ?subtask,
             hit,
             "crash point reached: killing the process with SIGKILL"
         );
@@ -158,13 +196,23 @@ mod tests {
     fn plans_name_a_point_and_a_hit() {
         let plan = Plan::parse("sink.after_commit:3");
         assert_eq!((plan.point.as_str(), plan.nth), ("sink.after_commit", 3));
-        assert_eq!(plan.hit("other"), None);
-        assert_eq!(plan.hit("sink.after_commit"), None);
-        assert_eq!(plan.hit("sink.after_commit"), None);
-        assert_eq!(plan.hit("sink.after_commit"), Some(3));
-        assert_eq!(plan.hit("sink.after_commit"), None, "only the nth hit");
+        assert_eq!(plan.hit("other", None), None);
+        assert_eq!(plan.hit("sink.after_commit", Some(0)), None);
+        assert_eq!(plan.hit("sink.after_commit", Some(1)), None);
+        assert_eq!(plan.hit("sink.after_commit", Some(0)), Some(3), "any subtask counts");
+        assert_eq!(plan.hit("sink.after_commit", None), None, "only the nth hit");
         let plan = Plan::parse("coordinator.after_persist");
         assert_eq!(plan.nth, 1);
+        let plan = Plan::parse("sink.after_commit@1:2");
+        assert_eq!(
+            (plan.point.as_str(), plan.subtask, plan.nth),
+            ("sink.after_commit", Some(1), 2)
+        );
+        assert_eq!(plan.hit("sink.after_commit", Some(0)), None);
+        assert_eq!(plan.hit("sink.after_commit", Some(1)), None);
+        assert_eq!(plan.hit("sink.after_commit", Some(0)), None, "subtask 0 does not count");
+        assert_eq!(plan.hit("sink.after_commit", Some(1)), Some(2));
+        assert_eq!(Plan::parse("recovery.after_commit@0").subtask, Some(0));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::ConnectorError;
 use crate::metrics::Metrics;
 use crate::record::{CheckpointId, Record};
-use crate::sink::{erase, ErasedSink, SinkContext, SinkFactory, TwoPhaseCommitSink};
+use crate::sink::{erase, ErasedSink, ReplayCheck, SinkContext, SinkFactory, TwoPhaseCommitSink};
 
 /// A record a sink refused, with the reason. Sinks store these in their own
 /// dead-letter destination; the adapters count them.
@@ -164,6 +164,12 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for ReplaySafeSink<S> {
     }
     async fn abort(&mut self, _txn: ()) -> Result<(), ConnectorError> {
         Ok(())
+    }
+
+    /// Writes are idempotent (upserts by key, or behind a position fence):
+    /// a replay changes nothing.
+    async fn check_replay_after(&mut self, _checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
+        Ok(ReplayCheck::Safe)
     }
 }
 
@@ -417,6 +423,12 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
 
     async fn abort(&mut self, _txn: HeldInterval) -> Result<(), ConnectorError> {
         Ok(())
+    }
+
+    /// Held records are written with idempotent writes: a replay changes
+    /// nothing.
+    async fn check_replay_after(&mut self, _checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
+        Ok(ReplayCheck::Safe)
     }
 }
 

@@ -35,7 +35,7 @@ pub use metrics::{Metrics, MetricsSnapshot};
 pub use pipeline::{route, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
 pub use restart::RestartStrategy;
-pub use sink::{erase, ErasedSink, SinkContext, SinkFactory, TwoPhaseCommitSink};
+pub use sink::{erase, ErasedSink, ReplayCheck, SinkContext, SinkFactory, TwoPhaseCommitSink};
 pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};
 pub use store::{
     check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore,

@@ -136,6 +136,35 @@ pub trait TwoPhaseCommitSink: Send + 'static {
     /// Discards an open (not pre-committed) transaction. Best effort: anything it
     /// leaves behind is cleaned up by the next `recover`.
     async fn abort(&mut self, txn: Self::Transaction) -> Result<(), ConnectorError>;
+
+    /// Whether replaying every record after `checkpoint` would duplicate
+    /// something this subtask (and the old subtasks it adopts) committed:
+    /// asked before `recover` when the runtime would restore `checkpoint`
+    /// although newer entries exist that cannot be read. Nothing may be
+    /// changed here; `recover` comes after.
+    ///
+    /// Answer [`ReplayCheck::CommittedLater`] when the store shows a commit
+    /// of a later checkpoint (a commit marker, a final file), `Safe` when it
+    /// proves there is none or when writes are replay-safe anyway
+    /// (idempotent upserts, position fences). The default, `Unknown`, makes
+    /// the runtime refuse the fallback unless the operator accepts it.
+    async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
+        let _ = checkpoint;
+        Ok(ReplayCheck::Unknown)
+    }
+}
+
+/// A sink subtask's answer to
+/// [`check_replay_after`](TwoPhaseCommitSink::check_replay_after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum ReplayCheck {
+    /// Replaying the records after the checkpoint duplicates nothing.
+    Safe,
+    /// The transaction of this later checkpoint was committed: replaying
+    /// duplicates its records.
+    CommittedLater(CheckpointId),
+    /// The sink cannot tell.
+    Unknown,
 }
 
 /// Describes a sink and creates its subtasks.
@@ -176,6 +205,8 @@ pub trait ErasedSink: Send + 'static {
     async fn commit(&mut self, committable: &serde_json::Value) -> Result<(), ConnectorError>;
     /// Aborts the open transaction, if any.
     async fn abort(&mut self) -> Result<(), ConnectorError>;
+    /// See [`TwoPhaseCommitSink::check_replay_after`].
+    async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError>;
 }
 
 /// Wraps a [`TwoPhaseCommitSink`] into the form the runtime drives.
@@ -232,5 +263,9 @@ impl<S: TwoPhaseCommitSink> ErasedSink for Erased<S> {
             Some(txn) => self.sink.abort(txn).await,
             None => Ok(()),
         }
+    }
+
+    async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
+        self.sink.check_replay_after(checkpoint).await
     }
 }

@@ -70,6 +70,10 @@ pub struct PipelineConfig {
     /// history none of whose entries can be read (the unreadable entries are
     /// then set aside as `<name>.unreadable`).
     pub allow_first_start: bool,
+    /// Restore the newest readable checkpoint although newer entries cannot
+    /// be read and the sinks do not prove the replay harmless: the records
+    /// after it are written again (duplicates).
+    pub allow_fallback: bool,
 }
 
 impl PipelineConfig {
@@ -86,6 +90,7 @@ impl PipelineConfig {
             allow_fingerprint_change: false,
             allow_parallelism_change: false,
             allow_first_start: false,
+            allow_fallback: false,
         }
     }
 

@@ -8,7 +8,7 @@ use crate::coordinator::CheckpointData;
 use crate::error::StoreError;
 use crate::fault;
 use crate::record::{CheckpointId, SplitPositions};
-use crate::sink::{ErasedSink, SinkContext};
+use crate::sink::{ErasedSink, ReplayCheck, SinkContext};
 use crate::source::Source;
 use crate::store::{check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore};
 
@@ -22,6 +22,11 @@ pub(super) struct Restored {
     /// Every transaction `latest` lists is known committed (recorded in the
     /// store after the commits): nothing is left for the sinks to commit.
     pub(super) all_committed: bool,
+    /// The store's record of committed checkpoints.
+    committed_through: Option<CheckpointId>,
+    /// Entries newer than `latest` that cannot be read, with why: restoring
+    /// `latest` falls back past them.
+    skipped: Vec<(String, String)>,
 }
 
 impl Restored {
@@ -94,9 +99,13 @@ impl Pipeline {
         }
         let latest = self.with_store(|store| store.latest()).await?;
         let reserved = self.with_store(|store| store.id_watermark()).await?;
-        if latest.is_none() {
-            self.check_first_start(reserved).await?;
-        }
+        let skipped = match &latest {
+            None => {
+                self.check_first_start(reserved).await?;
+                Vec::new()
+            }
+            Some(entry) => self.unreadable_newer_than(entry).await?,
+        };
         if let Some(entry) = &latest {
             let allowed = AllowedChanges {
                 any: self.config.allow_fingerprint_change,
@@ -125,7 +134,95 @@ impl Pipeline {
             latest,
             reserved,
             all_committed,
+            committed_through,
+            skipped,
         })
+    }
+
+    /// The entries newer than `entry` (which the store skipped as
+    /// unreadable), each with why it cannot be read.
+    async fn unreadable_newer_than(&self, entry: &CheckpointEntry) -> Result<Vec<(String, String)>, AttemptFailure> {
+        let newest = (entry.checkpoint.id, entry.created_unix_ms);
+        let names = self.with_store(|store| store.list()).await?;
+        Ok(names
+            .into_iter()
+            .filter(|n| (n.id, n.created_unix_ms) > newest)
+            .map(|n| {
+                let problem = self
+                    .store
+                    .read(&n.file_name)
+                    .err()
+                    .unwrap_or_else(|| "readable now".into());
+                (n.file_name, problem)
+            })
+            .collect())
+    }
+
+    /// Restoring the newest readable entry falls back past unreadable newer
+    /// ones: allowed when nothing a later checkpoint committed would be
+    /// written again — the store's committed-through record is not past the
+    /// restored checkpoint and every sink subtask proves it (or its writes
+    /// are replay-safe) — or when `allow_fallback` accepts the duplicates.
+    /// The unreadable entries are then set aside.
+    async fn check_fallback(
+        &self,
+        restored: &Restored,
+        sinks: &mut [Box<dyn ErasedSink>],
+    ) -> Result<(), AttemptFailure> {
+        if restored.skipped.is_empty() {
+            return Ok(());
+        }
+        let id = restored.id().unwrap_or_default();
+        let mut known = Vec::new();
+        if let Some(through) = restored.committed_through.filter(|c| *c > id) {
+            known.push(format!(
+                "every sink committed checkpoint {through} (recorded in committed-through)"
+            ));
+        }
+        for (i, sink) in sinks.iter_mut().enumerate() {
+            let answer = sink
+                .check_replay_after(id)
+                .await
+                .map_err(|e| self.connector_failure(false, e))?;
+            match answer {
+                ReplayCheck::Safe => {}
+                ReplayCheck::CommittedLater(later) => known.push(format!(
+                    "sink subtask {i} committed the transaction of checkpoint {later}"
+                )),
+                ReplayCheck::Unknown => known.push(format!(
+                    "sink subtask {i} cannot tell whether it committed anything after it"
+                )),
+            }
+        }
+        let skipped = restored
+            .skipped
+            .iter()
+            .map(|(name, problem)| format!("{name}: {problem}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if known.is_empty() {
+            warn!(%skipped, checkpoint = %id, "falling back past unreadable checkpoint entries: the sinks prove nothing after the restored checkpoint was committed");
+        } else if self.config.allow_fallback {
+            warn!(
+                %skipped,
+                checkpoint = %id,
+                known = %known.join("; "),
+                "falling back past unreadable checkpoint entries although later checkpoints may have been committed \
+                 (allow_fallback): the records after the restored checkpoint are written again and duplicate what those committed"
+            );
+        } else {
+            return Err(self.store_failure(StoreError::FallbackRefused {
+                dir: self.store.location(),
+                skipped,
+                restored: id,
+                known: known.join("; "),
+            }));
+        }
+        for (name, _) in &restored.skipped {
+            let name = name.clone();
+            self.with_store(move |store| store.quarantine(&name)).await?;
+        }
+        Ok(())
     }
 
     /// No readable entry: a first start, unless the folder has a history
@@ -169,9 +266,10 @@ impl Pipeline {
     /// subtask has recovered.
     pub(super) async fn recover_sinks(&self, restored: &Restored) -> Result<Vec<Box<dyn ErasedSink>>, AttemptFailure> {
         let p = self.config.parallelism;
+        let previous = restored.previous_parallelism();
         let mut sinks = Vec::with_capacity(p);
         for i in 0..p {
-            let adopted = adopted_subtasks(i, p, restored.previous_parallelism());
+            let adopted = adopted_subtasks(i, p, previous);
             if !adopted.is_empty() {
                 info!(
                     subtask = i,
@@ -179,18 +277,21 @@ impl Pipeline {
                     "taking over the sink subtasks of the higher parallelism"
                 );
             }
-            let pending = restored.pending(i, &adopted);
             let context = SinkContext::new(&self.config.name, i, p, self.metrics.clone()).with_adopted(adopted);
-            let mut sink = self
-                .sink
-                .create(context)
-                .map_err(|e| self.connector_failure(false, e))?;
+            sinks.push(
+                self.sink
+                    .create(context)
+                    .map_err(|e| self.connector_failure(false, e))?,
+            );
+        }
+        self.check_fallback(restored, &mut sinks).await?;
+        for (i, sink) in sinks.iter_mut().enumerate() {
+            let pending = restored.pending(i, &adopted_subtasks(i, p, previous));
             sink.recover(&pending)
                 .instrument(info_span!("recover", subtask = i, pending = pending.len()))
                 .await
                 .map_err(|e| self.connector_failure(false, e))?;
-            fault::point("recovery.after_commit");
-            sinks.push(sink);
+            fault::point_at("recovery.after_commit", i);
         }
         Ok(sinks)
     }

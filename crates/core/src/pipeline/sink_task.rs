@@ -126,6 +126,9 @@ impl SinkTask {
 
     async fn commit_up_to(&mut self, id: CheckpointId, completed_at: Instant) -> Result<(), ConnectorError> {
         let due = self.ledger.due(id);
+        if !due.is_empty() {
+            fault::pause_at("sink.before_commit", self.index).await;
+        }
         for (checkpoint, committable) in &due {
             self.sink
                 .commit(committable)
@@ -135,7 +138,7 @@ impl SinkTask {
             self.metrics.committed(completed_at.elapsed().as_micros() as u64);
         }
         if !due.is_empty() {
-            fault::point("sink.after_commit");
+            fault::point_at("sink.after_commit", self.index);
         }
         let _ = self.reports.send(Report::Committed(self.index, id));
         Ok(())
@@ -171,13 +174,13 @@ impl SinkTask {
         match (self.guarantee, committable) {
             (Guarantee::ExactlyOnce, Some(c)) => {
                 self.ledger.add(id, c);
-                fault::point("sink.after_pre_commit");
-                fault::pause("sink.after_pre_commit").await;
+                fault::point_at("sink.after_pre_commit", self.index);
+                fault::pause_at("sink.after_pre_commit", self.index).await;
             }
             (Guarantee::AtLeastOnce, Some(c)) => {
                 self.sink.commit(&c).await?;
-                fault::point("sink.after_pre_commit");
-                fault::pause("sink.after_pre_commit").await;
+                fault::point_at("sink.after_pre_commit", self.index);
+                fault::pause_at("sink.after_pre_commit", self.index).await;
             }
             (_, None) => {}
         }

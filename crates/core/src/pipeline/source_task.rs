@@ -120,7 +120,7 @@ impl SourceTask {
                 Poll::Records(records) => {
                     self.metrics.add_in(records.len() as u64);
                     self.emit(records).await?;
-                    fault::point("source.after_emit");
+                    fault::point_at("source.after_emit", self.index);
                 }
                 Poll::Finished => {
                     finished = true;
