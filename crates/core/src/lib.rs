@@ -31,11 +31,16 @@ pub use idempotent::{
     WriteAhead, WriteOutcome,
 };
 pub use json::{validate as validate_json, InvalidPointer, JsonPointer};
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use metrics::{
+    CheckpointStatsSnapshot, HistogramSnapshot, Metrics, MetricsSnapshot, Readiness, SubtaskSnapshot,
+};
 pub use pipeline::{route, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
 pub use restart::RestartStrategy;
-pub use sink::{erase, ErasedSink, ReplayCheck, SinkContext, SinkFactory, TwoPhaseCommitSink};
+pub use sink::{
+    erase, ErasedSink, PreparedTransaction, PreparedTransactionsFuture, ReplayCheck, SinkContext, SinkFactory,
+    TwoPhaseCommitSink,
+};
 pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};
 pub use store::{
     check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore,

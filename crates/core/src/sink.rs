@@ -188,6 +188,42 @@ pub trait SinkFactory: Send + Sync + 'static {
         let _ = checkpoint;
         Ok(())
     }
+
+    /// The transactions of pipeline `pipeline` that the sink's store holds
+    /// pre-committed right now (prepared, neither committed nor rolled
+    /// back): after a crash, what the next recovery commits (those the
+    /// restored checkpoint lists) or rolls back (the others).
+    ///
+    /// For operators (`exactly status`): called from any process, without
+    /// the pipeline's lock, possibly while the pipeline runs. It must only
+    /// read: change nothing and take no lock the pipeline's subtasks use.
+    /// Errors name the store and the fix (an unreachable server, refused
+    /// credentials) without secrets.
+    ///
+    /// The default answers `Ok(None)`: this sink cannot list them.
+    fn prepared_transactions<'a>(&'a self, pipeline: &'a str) -> PreparedTransactionsFuture<'a> {
+        let _ = pipeline;
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
+
+/// What [`SinkFactory::prepared_transactions`] returns.
+pub type PreparedTransactionsFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<Vec<PreparedTransaction>>, ConnectorError>> + Send + 'a>,
+>;
+
+/// A transaction a sink's store holds pre-committed (see
+/// [`SinkFactory::prepared_transactions`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PreparedTransaction {
+    /// The store's name for it: a PostgreSQL gid, a Kafka transactional id.
+    pub name: String,
+    /// The sink subtask that wrote it, when the name tells.
+    pub subtask: Option<usize>,
+    /// The checkpoint whose interval it holds, when the name tells.
+    pub checkpoint: Option<CheckpointId>,
+    /// When the store says it was prepared, Unix ms.
+    pub prepared_unix_ms: Option<i64>,
 }
 
 /// The object-safe form of a [`TwoPhaseCommitSink`] that the runtime drives:

@@ -252,7 +252,7 @@ impl<'p> Driver<'p> {
             }
             Action::Abort { checkpoint, reason } => {
                 warn!(%checkpoint, %reason, "checkpoint aborted; its transactions roll into the next checkpoint");
-                self.pipeline.metrics.checkpoint_failed();
+                self.pipeline.metrics.checkpoint_aborted_in(None, &reason);
                 if self.final_id == Some(checkpoint) {
                     self.final_id = None;
                     self.coordinator.handle(Event::RequestCheckpoint);

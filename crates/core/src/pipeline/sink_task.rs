@@ -139,6 +139,7 @@ impl SinkTask {
         }
         if !due.is_empty() {
             fault::point_at("sink.after_commit", self.index);
+            self.metrics.set_pending_transactions(self.index, self.ledger.entries().len());
         }
         let _ = self.reports.send(Report::Committed(self.index, id));
         Ok(())
@@ -149,7 +150,7 @@ impl SinkTask {
             Msg::Records(records) => {
                 let interval = self.last_snapshot.next();
                 self.sink.write(interval, &records).await?;
-                self.metrics.add_out(records.len() as u64);
+                self.metrics.sink_wrote(self.index, &records);
             }
             Msg::Barrier(id) => {
                 self.barrier_seen[from] = self.barrier_seen[from].max(id);
@@ -186,7 +187,9 @@ impl SinkTask {
         }
         self.last_snapshot = id;
         self.blocked.iter_mut().for_each(|b| *b = false);
-        let state = TaskState::Sink(self.ledger.snapshot());
+        let pending = self.ledger.snapshot();
+        self.metrics.set_pending_transactions(self.index, pending.len());
+        let state = TaskState::Sink(pending);
         let _ = self.reports.send(Report::Ack(id, TaskId::Sink(self.index), state));
         Ok(())
     }

@@ -118,7 +118,7 @@ impl SourceTask {
             match self.source.poll(self.batch_size).await? {
                 Poll::Records(records) if records.is_empty() => {}
                 Poll::Records(records) => {
-                    self.metrics.add_in(records.len() as u64);
+                    self.metrics.source_read(self.index, &records);
                     self.emit(records).await?;
                     fault::point_at("source.after_emit", self.index);
                 }
