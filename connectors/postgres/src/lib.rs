@@ -103,6 +103,7 @@ mod numeric;
 mod schema;
 mod sink;
 mod sql;
+mod status;
 mod write;
 
 use std::sync::Arc;
@@ -257,5 +258,11 @@ impl SinkFactory for PostgresSinkFactory {
             SinkMode::Upsert => ReplaySafe(UpsertMode(self.clone())).create(context),
             SinkMode::Fenced => Fenced(FencedMode(self.clone())).create(context),
         }
+    }
+
+    /// The pipeline's prepared transactions of the table, from
+    /// `pg_prepared_xacts` (none in modes `upsert` and `fenced`).
+    fn prepared_transactions<'a>(&'a self, pipeline: &'a str) -> exactly_core::PreparedTransactionsFuture<'a> {
+        Box::pin(async move { self.prepared_transactions_of(pipeline).await.map(Some) })
     }
 }
