@@ -19,13 +19,17 @@ fn row_label(kind: Kind, o: &Outcome) -> String {
 
 /// Prints the whole report on stdout.
 pub fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
-    // A run listed twice (e.g. the loop first and last) counts with its mean.
-    let rate_of = |k: Kind| {
-        let rates: Vec<f64> = results
+    // A run listed more than once (the loop, exactly-once and at-least-once
+    // by default) counts with its mean; a run with a problem not at all.
+    let rates_of = |k: Kind| -> Vec<f64> {
+        results
             .iter()
             .filter(|(kind, o)| *kind == k && o.problems.is_empty())
             .filter_map(|(_, o)| o.records_per_s)
-            .collect();
+            .collect()
+    };
+    let rate_of = |k: Kind| {
+        let rates = rates_of(k);
         (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
     };
     let ceiling = rate_of(Kind::MinimalLoop);
@@ -147,6 +151,12 @@ pub fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         eo_runs.len(),
         ctx.settings.records
     );
+    for k in [Kind::MinimalLoop, Kind::ExactlyOnce, Kind::AtLeastOnce] {
+        let rates: Vec<String> = rates_of(k).iter().map(|r| format!("{r:.0}")).collect();
+        if let Some(mean) = rate_of(k) {
+            println!("- {}: mean {mean:.0} records/s of {}", k.label(), rates.join(", "));
+        }
+    }
     let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
     let eo_rate = rate_of(Kind::ExactlyOnce);
     match (eo_rate, ceiling) {

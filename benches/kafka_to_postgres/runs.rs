@@ -21,8 +21,9 @@ pub enum Kind {
 
 impl Kind {
     /// The default runs, in order: every row once, then the three rows the
-    /// targets compare again, to show how much a single run varies.
-    pub const DEFAULT: [Kind; 10] = [
+    /// targets compare twice more, interleaved, so that the targets compare
+    /// means of three and the table shows how much a single run varies.
+    pub const DEFAULT: [Kind; 13] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
         Kind::RawConsume,
@@ -30,6 +31,9 @@ impl Kind {
         Kind::AtLeastOnce,
         Kind::RedisFenced,
         Kind::PostgresFenced,
+        Kind::MinimalLoop,
+        Kind::ExactlyOnce,
+        Kind::AtLeastOnce,
         Kind::MinimalLoop,
         Kind::ExactlyOnce,
         Kind::AtLeastOnce,
