@@ -469,9 +469,6 @@ impl PostgresSinkConfig {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(std::time::Duration::from_secs(10));
         }
-        if pg.get_application_name().is_none() {
-            pg.application_name("exactly");
-        }
         let table = parse_name("table", &self.table)?;
         let columns = self.checked_columns()?;
         let upsert_key = self.checked_upsert_key(&columns)?;

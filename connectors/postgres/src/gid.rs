@@ -45,11 +45,18 @@ fn truncate(s: &str, max: usize) -> &str {
 
 /// The prefix shared by every gid of one sink subtask.
 pub fn gid_prefix(pipeline: &str, table: &str, subtask: usize) -> String {
+    format!("{}{subtask}:", table_prefix(pipeline, table))
+}
+
+/// The prefix shared by the gids of every subtask of one pipeline and table:
+/// the gid prefix of a subtask without the subtask number
+/// (`exactly:<pipeline>:<table>:`, or the shortened form).
+pub(crate) fn table_prefix(pipeline: &str, table: &str) -> String {
     let (pipeline_part, table_part) = (escape(pipeline), escape(table));
     let longest =
         "exactly:".len() + pipeline_part.len() + 1 + table_part.len() + 1 + MAX_NUMBER_DIGITS + 1 + MAX_NUMBER_DIGITS;
     if longest <= MAX_GID_BYTES {
-        return format!("exactly:{pipeline_part}:{table_part}:{subtask}:");
+        return format!("exactly:{pipeline_part}:{table_part}:");
     }
     let mut hasher = Sha256::new();
     hasher.update(pipeline.as_bytes());
@@ -57,10 +64,19 @@ pub fn gid_prefix(pipeline: &str, table: &str, subtask: usize) -> String {
     hasher.update(table.as_bytes());
     let hash = hex::encode(&hasher.finalize()[..8]);
     format!(
-        "exactly:{}:{}~{hash}:{subtask}:",
+        "exactly:{}:{}~{hash}:",
         truncate(&pipeline_part, SHORT_PART_BYTES),
         truncate(&table_part, SHORT_PART_BYTES)
     )
+}
+
+/// The subtask number of a gid that starts with `table_prefix` (see
+/// [`table_prefix`]), or `None` when the gid is not of that form.
+pub(crate) fn subtask_of(gid: &str, table_prefix: &str) -> Option<usize> {
+    let rest = gid.strip_prefix(table_prefix)?;
+    let (subtask, checkpoint) = rest.split_once(':')?;
+    checkpoint.parse::<u64>().ok()?;
+    subtask.parse().ok()
 }
 
 /// The gid of the transaction of `checkpoint` for the subtask whose prefix is
@@ -115,6 +131,23 @@ mod tests {
             p0.trim_end_matches(":0:"),
             prefix.trim_end_matches(&format!(":{}:", usize::MAX))
         );
+    }
+
+    #[test]
+    fn the_subtask_of_a_gid_is_read_back_from_the_table_prefix() {
+        for (pipeline, table) in [("orders-etl", "public.orders"), (&*"p".repeat(150), "t")] {
+            let base = table_prefix(pipeline, table);
+            for subtask in [0, 7, usize::MAX] {
+                let prefix = gid_prefix(pipeline, table, subtask);
+                assert!(prefix.starts_with(&base), "{prefix} / {base}");
+                assert_eq!(subtask_of(&gid(&prefix, 42), &base), Some(subtask));
+            }
+            assert_eq!(subtask_of(&format!("{base}3"), &base), None, "no checkpoint");
+            assert_eq!(subtask_of(&format!("{base}x:1"), &base), None);
+        }
+        // Another table whose name starts like this one's is not taken for it.
+        let base = table_prefix("p", "t");
+        assert_eq!(subtask_of(&gid(&gid_prefix("p", "t2", 1), 5), &base), None);
     }
 
     #[test]

@@ -10,15 +10,24 @@ use exactly_core::{ConnectorError, DeadLetter, FencedSink, IdempotentSink, Recor
 use tokio_postgres::{Client, Statement};
 
 use crate::convert::Cell;
+use crate::lock::{lock_subtasks, new_instance, SubtaskLock};
 use crate::schema::{advance_positions_sql, prepare_tables, read_positions_sql, Layout};
 use crate::sink::LOCK_TIMEOUT;
 use crate::write::{connect, convert, copy_in, execute_columns, BadRecord, Subtask};
 
 /// One connection of a subtask in mode `upsert` or `fenced`, with the
-/// checked tables and the prepared upsert statement.
+/// checked tables and the prepared upsert statement. Its session holds the
+/// lock of every subtask the sink owns (see [`crate::lock`]): these modes
+/// must not run twice either (two upserting processes interleave older and
+/// newer values of a key; the fence would make the second writer fail its
+/// checkpoints one after the other).
 struct Session {
     subtask: Subtask,
+    /// This sink among the sinks of the process.
+    instance: u64,
     client: Option<Client>,
+    /// The locks `client`'s session holds.
+    locks: Vec<SubtaskLock>,
     layout: Option<Layout>,
     /// `layout.upsert`, prepared on `client`.
     upsert: Option<Statement>,
@@ -28,18 +37,23 @@ impl Session {
     fn new(subtask: Subtask) -> Self {
         Session {
             subtask,
+            instance: new_instance(),
             client: None,
+            locks: Vec::new(),
             layout: None,
             upsert: None,
         }
     }
 
     /// A fresh connection (whatever the previous one had open is rolled back
-    /// by the server), with a lock timeout, checked tables and prepared
-    /// statements.
+    /// by the server) holding the subtask locks (taken before anything else;
+    /// fatal when another process holds one), with a lock timeout, checked
+    /// tables and prepared statements.
     async fn open(&mut self) -> Result<(), ConnectorError> {
         self.close();
-        let client = connect(&self.subtask.settings).await?;
+        let client = connect(&self.subtask.settings, &self.subtask.application_name()).await?;
+        let owned: Vec<usize> = self.subtask.context.owned_subtasks().collect();
+        self.locks = lock_subtasks(&client, &self.subtask, &owned, self.instance).await?;
         let set = client
             .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
             .await;
@@ -54,10 +68,12 @@ impl Session {
         Ok(())
     }
 
-    /// Drops the connection; the server rolls back what it had open.
+    /// Drops the connection; the server rolls back what it had open and
+    /// releases its locks.
     fn close(&mut self) {
         self.client = None;
         self.upsert = None;
+        self.locks.clear();
     }
 
     fn client(&self) -> Result<&Client, ConnectorError> {

@@ -31,7 +31,38 @@
 //! with a hash past PostgreSQL's 199 bytes, see [`gid_prefix`]). `commit` is
 //! idempotent: when the gid is no longer prepared, the marker row written
 //! inside the transaction tells whether it was committed (success) or rolled
-//! back behind the pipeline's back ([`ConnectorError::DataLoss`]).
+//! back behind the pipeline's back ([`ConnectorError::DataLoss`]). Markers
+//! older than `commit_log_retention` are deleted once no checkpoint the
+//! pipeline may restore lists them any more (the rule and its limits are in
+//! the source's `markers.rs`).
+//!
+//! After a lowering of the parallelism a subtask also recovers the old
+//! subtasks it adopts ([`SinkContext::adopted`]): their listed transactions
+//! are committed, the rest rolled back, their staged rows merged; and so are
+//! the prepared transactions of subtasks above the parallelism that no
+//! restorable checkpoint lists (left by an attempt at a higher parallelism
+//! that crashed before its first checkpoint), by subtask `j % parallelism`.
+//!
+//! ## One process per pipeline
+//!
+//! In every mode, the connection that writes (and, in mode `two-phase`,
+//! prepares) holds a session-level advisory lock per owned subtask, keyed by
+//! the pipeline name, the table as configured and the subtask number, taken
+//! before recovery touches anything. A second process of the pipeline — even
+//! with another checkpoint folder, on another machine — is refused with a
+//! fatal error naming the session that holds the lock (backend pid, client
+//! address, `application_name`, since when). After a lost connection the new
+//! one takes the locks again before it writes, prepares or commits anything,
+//! and fails (fatal) if another process has them. The sink's connections
+//! have `application_name = "exactly <pipeline> pid=<pid>.<tag>"`, replacing
+//! one set in the URL.
+//!
+//! ## Crash points
+//!
+//! Besides the runtime's (see [`exactly_core::fault`]): `postgres_sink.mid_copy`
+//! (a COPY of rows is open and the server has received rows of it) and
+//! `postgres_sink.before_prepare_answer` (the server has prepared the
+//! transaction, the sink has not read the answer).
 //!
 //! ## Rows
 //!
@@ -99,7 +130,11 @@ mod convert;
 mod error;
 mod gid;
 mod idempotent;
+mod io_faults;
+mod lock;
+mod markers;
 mod numeric;
+mod recover;
 mod schema;
 mod sink;
 mod sql;

@@ -1,12 +1,11 @@
 //! The sink subtask: one PostgreSQL transaction per checkpoint.
 
-use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use exactly_core::{CheckpointId, ConnectorError, Record, SinkContext, TwoPhaseCommitSink};
+use exactly_core::{CheckpointId, ConnectorError, Record, ReplayCheck, SinkContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
@@ -16,7 +15,10 @@ use tokio_postgres::Client;
 use crate::config::{Settings, SinkMode};
 use crate::convert::Cell;
 use crate::error::classify;
-use crate::gid::{checkpoint_of, gid, gid_prefix};
+use crate::gid::{gid, gid_prefix};
+use crate::io_faults;
+use crate::lock::{lock_subtasks, new_instance, SubtaskLock};
+use crate::markers::MarkerFloor;
 use crate::schema::{prepare_tables, Layout};
 use crate::sql::quote_literal;
 use crate::write::{connect, convert, copy_in, write_copy_rows, Subtask};
@@ -30,15 +32,28 @@ pub(crate) const LOCK_TIMEOUT: &str = "60s";
 /// [`PostgresSinkFactory`](crate::PostgresSinkFactory); see the crate
 /// documentation for the protocol.
 pub struct PostgresSink {
-    subtask: Subtask,
+    pub(crate) subtask: Subtask,
     /// Prefix of every gid of this subtask.
     prefix: String,
-    /// The connection that holds the open write transaction.
+    /// This sink among the sinks of the process (see [`crate::lock`]).
+    instance: u64,
+    /// The subtasks whose transactions this sink owns and whose locks its
+    /// write connection holds: its own, the adopted ones, and orphaned ones
+    /// found by `recover`.
+    pub(crate) owned: Vec<usize>,
+    /// The connection that holds the open write transaction and the locks.
     writer: Option<Client>,
+    /// The locks `writer`'s session holds, one per subtask in `owned`.
+    writer_locks: Vec<SubtaskLock>,
+    /// `pg_backend_pid()` of `writer`.
+    writer_pid: Option<i32>,
+    /// Counts the write connections: a transaction belongs to the one it
+    /// began on, and dies with it.
+    writer_generation: u64,
     /// The connection for `COMMIT PREPARED`, recovery and table checks.
     committer: Option<Client>,
     /// Set by `recover`.
-    layout: Option<Arc<Layout>>,
+    pub(crate) layout: Option<Arc<Layout>>,
     /// A transaction is open on `writer`.
     open: bool,
     /// The COPY of rows left open on `writer` between the writes of one
@@ -49,6 +64,8 @@ pub struct PostgresSink {
     copy_bytes: usize,
     /// When this sink last deleted its old commit markers.
     last_prune: Option<Instant>,
+    /// Which commit markers may be deleted (see [`crate::markers`]).
+    pub(crate) markers: MarkerFloor,
 }
 
 /// How often a sink deletes its commit markers older than
@@ -85,6 +102,8 @@ pub struct PostgresTransaction {
     gid: String,
     /// Next staging sequence number (upsert mode: the last row per key wins).
     next_seq: i64,
+    /// The write connection it is open on (see `writer_generation`).
+    generation: u64,
 }
 
 impl PostgresTransaction {
@@ -113,16 +132,23 @@ pub struct PostgresCommittable {
 impl PostgresSink {
     pub(crate) fn new(settings: Arc<Settings>, context: SinkContext) -> Self {
         let prefix = gid_prefix(&context.pipeline, &settings.table_label, context.subtask);
+        let owned = context.owned_subtasks().collect();
         PostgresSink {
             subtask: Subtask { settings, context },
             prefix,
+            instance: new_instance(),
+            owned,
             writer: None,
+            writer_locks: Vec::new(),
+            writer_pid: None,
+            writer_generation: 0,
             committer: None,
             layout: None,
             open: false,
             copy: None,
             copy_bytes: 0,
             last_prune: None,
+            markers: MarkerFloor::default(),
         }
     }
 
@@ -132,37 +158,88 @@ impl PostgresSink {
         &self.prefix
     }
 
-    fn settings(&self) -> &Settings {
+    pub(crate) fn settings(&self) -> &Settings {
         &self.subtask.settings
     }
 
-    fn context(&self, action: &str) -> String {
+    pub(crate) fn context(&self, action: &str) -> String {
         self.subtask.label(action)
     }
 
-    fn pg_error(&self, action: &str, e: &tokio_postgres::Error) -> ConnectorError {
+    pub(crate) fn pg_error(&self, action: &str, e: &tokio_postgres::Error) -> ConnectorError {
         self.subtask.pg_error(action, e)
     }
 
     /// (Re)connects the commit connection if needed.
-    async fn connect_committer(&mut self) -> Result<(), ConnectorError> {
+    pub(crate) async fn connect_committer(&mut self) -> Result<(), ConnectorError> {
         if self.committer.as_ref().is_none_or(Client::is_closed) {
-            self.committer = Some(connect(self.settings()).await?);
+            let name = self.subtask.application_name();
+            self.committer = Some(connect(self.settings(), &name).await?);
         }
         Ok(())
+    }
+
+    /// The commit connection, if it is up.
+    pub(crate) fn committer_if_up(&self) -> Option<&Client> {
+        self.committer.as_ref().filter(|c| !c.is_closed())
+    }
+
+    /// The backend pid of the write connection.
+    pub(crate) fn writer_pid(&self) -> Option<i32> {
+        self.writer_pid
     }
 
     /// The commit connection; call [`connect_committer`](Self::connect_committer) first.
-    fn committer(&self) -> &Client {
+    pub(crate) fn committer(&self) -> &Client {
         self.committer.as_ref().expect("connect_committer() ran")
     }
 
-    /// (Re)connects the write connection if needed.
-    async fn connect_writer(&mut self) -> Result<(), ConnectorError> {
-        if self.writer.as_ref().is_none_or(Client::is_closed) {
-            self.writer = Some(connect(self.settings()).await?);
+    /// Makes sure the write connection is up and its session holds the lock
+    /// of every owned subtask (see [`crate::lock`]): when the connection was
+    /// lost (a server restart), a new one takes them again before anything
+    /// else is written, prepared or committed, and a failure to take them is
+    /// fatal. A transaction that was open on the lost connection is gone:
+    /// its later writes and its pre-commit fail.
+    pub(crate) async fn lock_writer(&mut self) -> Result<(), ConnectorError> {
+        let up = self.writer.as_ref().is_some_and(|c| !c.is_closed());
+        if up && self.writer_locks.len() == self.owned.len() {
+            return Ok(());
         }
+        // A new session: the old one (and whatever it had open) is gone, and
+        // it must not hold the locks while the new one asks for them.
+        self.drop_copy();
+        self.open = false;
+        self.writer = None;
+        self.writer_locks.clear();
+        self.writer_pid = None;
+        self.writer_generation += 1;
+        let name = self.subtask.application_name();
+        let client = connect(self.settings(), &name).await?;
+        let pid = client.query_one("SELECT pg_backend_pid()", &[]).await;
+        let pid: i32 = pid.map_err(|e| self.pg_error("connecting", &e))?.get(0);
+        self.writer_locks = lock_subtasks(&client, &self.subtask, &self.owned, self.instance).await?;
+        tracing::debug!(subtasks = ?self.owned, backend = pid, "write connection holds the subtask locks");
+        self.writer_pid = Some(pid);
+        self.writer = Some(client);
         Ok(())
+    }
+
+    /// Also takes the locks of `subtasks` on the write connection and owns
+    /// them from now on (orphans found by `recover`).
+    pub(crate) async fn lock_more(&mut self, subtasks: &[usize]) -> Result<(), ConnectorError> {
+        let writer = self.writer()?;
+        let locks = lock_subtasks(writer, &self.subtask, subtasks, self.instance).await?;
+        self.writer_locks.extend(locks);
+        self.owned.extend_from_slice(subtasks);
+        Ok(())
+    }
+
+    /// A transaction's write connection is still the current one.
+    fn check_transaction(&self, txn: &PostgresTransaction, action: &str) -> Result<(), ConnectorError> {
+        if txn.generation == self.writer_generation {
+            return Ok(());
+        }
+        Err(self.subtask.lost_connection(action))
     }
 
     /// Rolls back a transaction left open on the write connection (the
@@ -179,19 +256,19 @@ impl PostgresSink {
     }
 
     /// The write connection of the open transaction.
-    fn writer(&self) -> Result<&Client, ConnectorError> {
+    pub(crate) fn writer(&self) -> Result<&Client, ConnectorError> {
         match &self.writer {
             Some(client) if !client.is_closed() => Ok(client),
             _ => Err(self.subtask.lost_connection("writing")),
         }
     }
 
-    fn layout(&self) -> Result<Arc<Layout>, ConnectorError> {
+    pub(crate) fn layout(&self) -> Result<Arc<Layout>, ConnectorError> {
         self.layout.clone().ok_or_else(|| self.subtask.not_opened("recover()"))
     }
 
     /// Checks that the server can prepare transactions at all.
-    async fn check_prepared_transactions(&mut self) -> Result<(), ConnectorError> {
+    pub(crate) async fn check_prepared_transactions(&mut self) -> Result<(), ConnectorError> {
         self.connect_committer().await?;
         let url = &self.subtask.settings.url;
         let rows = self
@@ -221,24 +298,9 @@ impl PostgresSink {
         }
     }
 
-    /// Gids of this subtask's prepared transactions in this database.
-    async fn prepared_gids(&mut self) -> Result<Vec<String>, ConnectorError> {
-        self.connect_committer().await?;
-        let rows = self
-            .committer()
-            .query(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() \
-                 AND left(gid, length($1)) = $1 ORDER BY prepared",
-                &[&self.prefix],
-            )
-            .await;
-        rows.map(|rows| rows.iter().map(|r| r.get(0)).collect())
-            .map_err(|e| self.pg_error("listing prepared transactions", &e))
-    }
-
     /// Upsert mode: moves the committed rows of `gid` from the staging table
     /// into the target. Idempotent.
-    async fn merge(&mut self, gid: &str) -> Result<(), ConnectorError> {
+    pub(crate) async fn merge(&mut self, gid: &str) -> Result<(), ConnectorError> {
         let Some(merge) = self.layout.as_ref().and_then(|l| l.merge.clone()) else {
             return Ok(());
         };
@@ -246,28 +308,6 @@ impl PostgresSink {
         let result = self.committer().execute(&merge, &[&gid]).await;
         let rows = result.map_err(|e| self.pg_error("merging staged rows into the table", &e))?;
         tracing::debug!(gid, rows, "merged staged rows");
-        Ok(())
-    }
-
-    /// Upsert mode: merges committed staged rows of this subtask that no
-    /// commit moved yet (left by a crash between commit and merge).
-    async fn merge_leftovers(&mut self) -> Result<(), ConnectorError> {
-        if self.settings().upsert_key.is_none() {
-            return Ok(());
-        }
-        let sql = format!(
-            "SELECT DISTINCT exactly_gid FROM {} WHERE left(exactly_gid, length($1)) = $1",
-            self.settings().staging.sql()
-        );
-        self.connect_committer().await?;
-        let result = self.committer().query(&sql, &[&self.prefix]).await;
-        let rows = result.map_err(|e| self.pg_error("listing staged rows", &e))?;
-        let mut gids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-        gids.sort_by_key(|g| checkpoint_of(g));
-        for gid in gids {
-            tracing::info!(%gid, "merging committed staged rows left by an interrupted commit");
-            self.merge(&gid).await?;
-        }
         Ok(())
     }
 
@@ -371,18 +411,23 @@ impl PostgresSink {
 
     /// `COMMIT PREPARED` (see [`commit_prepared`](Self::commit_prepared)),
     /// then the merge of staged rows in upsert mode.
-    async fn commit_and_merge(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
+    pub(crate) async fn commit_and_merge(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
         self.commit_prepared(c).await?;
         self.merge(&c.gid).await
     }
 
-    /// Deletes this subtask's commit markers committed longer than
-    /// `commit_log_retention` ago, at most every [`PRUNE_EVERY`]. Only after
-    /// the commits of a completed checkpoint, never during recovery (whose
-    /// later re-commits may still need old markers). Rows another transaction
-    /// holds are skipped. Best effort: a failure is logged and tried again at
-    /// a later commit.
+    /// Deletes the commit markers of the owned subtasks that are older than
+    /// `commit_log_retention` (counted from their commit) and that no
+    /// checkpoint the pipeline may restore lists any more: those at or below
+    /// the floor of [`MarkerFloor`] (see [`crate::markers`] for the rule and
+    /// why it is safe). At most every [`PRUNE_EVERY`] (or every retention,
+    /// when that is shorter); only after a commit, never during recovery.
+    /// Rows another transaction holds are skipped. Best effort: a failure is
+    /// logged and tried again at a later commit.
     async fn prune_markers(&mut self) {
+        let Some(floor) = self.markers.floor() else {
+            return;
+        };
         let retention = self.settings().commit_log_retention;
         if self
             .last_prune
@@ -394,10 +439,10 @@ impl PostgresSink {
         let log = self.settings().commit_log.sql();
         let sql = format!(
             "DELETE FROM {log} WHERE gid IN (SELECT gid FROM {log} WHERE pipeline = $1 AND sink_table = $2 \
-             AND subtask = $3 AND coalesce(committed_at, prepared_at) < now() - make_interval(secs => $4) \
-             FOR UPDATE SKIP LOCKED)"
+             AND subtask = ANY($3) AND checkpoint <= $4 \
+             AND coalesce(committed_at, prepared_at) < now() - make_interval(secs => $5) FOR UPDATE SKIP LOCKED)"
         );
-        let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
+        let floor = i64::try_from(floor).unwrap_or(i64::MAX);
         let pruned = self
             .committer()
             .execute(
@@ -405,14 +450,19 @@ impl PostgresSink {
                 &[
                     &self.subtask.context.pipeline,
                     &self.subtask.settings.table_label,
-                    &subtask,
+                    &self.owned_i32(),
+                    &floor,
                     &retention.as_secs_f64(),
                 ],
             )
             .await;
         match pruned {
             Ok(0) => {}
-            Ok(deleted) => tracing::debug!(deleted, "deleted commit markers older than commit_log_retention"),
+            Ok(deleted) => tracing::debug!(
+                deleted,
+                floor,
+                "deleted commit markers older than commit_log_retention that no restorable checkpoint lists"
+            ),
             Err(error) => {
                 tracing::warn!(%error, "deleting old commit markers failed; trying again after a later commit")
             }
@@ -429,12 +479,16 @@ impl TwoPhaseCommitSink for PostgresSink {
     type Transaction = PostgresTransaction;
     type Committable = PostgresCommittable;
 
-    /// Connects, checks `max_prepared_transactions`, creates the commit-log
-    /// and dead-letter tables (and the target with `create_table`, and the
-    /// staging table in upsert mode) when absent, checks every table against
-    /// the configuration, then rolls back this subtask's prepared transactions
-    /// that `pending` does not list and commits the listed ones (oldest
-    /// first, as [`commit`](Self::commit) does). Idempotent.
+    /// Connects and takes the lock of every owned subtask on the write
+    /// connection (a fatal error naming the holder when another process has
+    /// one, see [`crate::lock`]), checks `max_prepared_transactions`, creates
+    /// the commit-log and dead-letter tables (and the target with
+    /// `create_table`, and the staging table in upsert mode) when absent,
+    /// checks every table against the configuration, then rolls back the
+    /// prepared transactions of the owned subtasks (its own, adopted ones and
+    /// orphans above the parallelism, see [`crate::recover`]) that `pending`
+    /// does not list and commits the listed ones (oldest first, as
+    /// [`commit`](Self::commit) does). Idempotent.
     async fn recover(&mut self, pending: &[PostgresCommittable]) -> Result<(), ConnectorError> {
         if self.settings().mode != SinkMode::TwoPhase {
             return Err(ConnectorError::fatal(
@@ -447,46 +501,26 @@ impl TwoPhaseCommitSink for PostgresSink {
             ));
         }
         self.discard_open().await;
+        // Before anything else: the locks, so that a second process of this
+        // pipeline touches nothing of the first one's.
+        self.lock_writer().await?;
         self.check_prepared_transactions().await?;
         self.connect_committer().await?;
         let layout = prepare_tables(self.committer(), &self.subtask.settings).await?;
         self.layout = Some(Arc::new(layout));
-
-        let listed: HashSet<&str> = pending.iter().map(|c| c.gid.as_str()).collect();
-        for gid in self.prepared_gids().await? {
-            if listed.contains(gid.as_str()) {
-                continue;
-            }
-            tracing::info!(%gid, "rolling back a prepared transaction the checkpoint does not list");
-            self.connect_committer().await?;
-            match self
-                .committer()
-                .batch_execute(&format!("ROLLBACK PREPARED {}", quote_literal(&gid)))
-                .await
-            {
-                Err(e) if e.code() != Some(&SqlState::UNDEFINED_OBJECT) => {
-                    return Err(self.pg_error("ROLLBACK PREPARED", &e))
-                }
-                _ => {}
-            }
-        }
-        for c in pending {
-            tracing::info!(gid = %c.gid, checkpoint = %c.checkpoint, "committing a transaction the checkpoint lists");
-            self.commit_and_merge(c).await?;
-        }
-        self.merge_leftovers().await?;
-        self.connect_writer().await
+        self.recover_owned(pending).await
     }
 
     /// Opens the transaction (`BEGIN`) on the write connection, reconnecting
-    /// if it was lost. Inside it, lock waits end after [`LOCK_TIMEOUT`] and
+    /// (and taking the subtask locks again) if it was lost. Inside it, lock
+    /// waits end after [`LOCK_TIMEOUT`] and
     /// `statement_timeout` is off: the COPY of rows stays open across writes,
     /// up to a whole checkpoint interval when data is slow, and a server's or
     /// role's `statement_timeout` would cancel it every interval.
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<PostgresTransaction, ConnectorError> {
         self.layout()?;
         self.discard_open().await;
-        self.connect_writer().await?;
+        self.lock_writer().await?;
         let result = self
             .writer()?
             .batch_execute(&format!(
@@ -495,10 +529,12 @@ impl TwoPhaseCommitSink for PostgresSink {
             .await;
         result.map_err(|e| self.pg_error("BEGIN", &e))?;
         self.open = true;
+        self.markers.began(checkpoint.0);
         Ok(PostgresTransaction {
             checkpoint,
             gid: gid(&self.prefix, checkpoint.0),
             next_seq: 0,
+            generation: self.writer_generation,
         })
     }
 
@@ -509,6 +545,7 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// open COPY first), all inside the transaction. Dead letters are
     /// counted in the pipeline metrics.
     async fn write(&mut self, txn: &mut PostgresTransaction, batch: &[Record]) -> Result<(), ConnectorError> {
+        self.check_transaction(txn, "writing")?;
         let layout = self.layout()?;
         let (mut rows, dead) = convert(batch, &layout.columns);
         if layout.merge.is_some() {
@@ -525,6 +562,8 @@ impl TwoPhaseCommitSink for PostgresSink {
                 .sum::<usize>();
             if self.copy_bytes >= COPY_SEGMENT_BYTES {
                 self.finish_copy(txn.checkpoint).await?;
+            } else if self.copy_bytes >= io_faults::MID_COPY_BYTES {
+                self.mid_copy_point().await;
             }
         }
         if !dead.is_empty() {
@@ -554,6 +593,9 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// time) into the commit-log table and runs `PREPARE TRANSACTION`, then
     /// checks the transaction really is prepared.
     async fn pre_commit(&mut self, txn: PostgresTransaction) -> Result<PostgresCommittable, ConnectorError> {
+        // On a newer connection than the transaction's, the statements below
+        // would run outside any transaction.
+        self.check_transaction(&txn, "PREPARE TRANSACTION")?;
         self.finish_copy(txn.checkpoint).await?;
         let client = self.writer()?;
         let marker = format!(
@@ -577,9 +619,13 @@ impl TwoPhaseCommitSink for PostgresSink {
                     ],
                 )
                 .await?;
-            client
-                .batch_execute(&format!("PREPARE TRANSACTION {}", quote_literal(&txn.gid)))
-                .await?;
+            let prepare = format!("PREPARE TRANSACTION {}", quote_literal(&txn.gid));
+            io_faults::after_sending(
+                client.batch_execute(&prepare),
+                io_faults::BEFORE_PREPARE_ANSWER,
+                self.before_prepare_answer(&txn.gid),
+            )
+            .await?;
             client
                 .query_one(
                     "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1 AND database = current_database()",
@@ -614,17 +660,66 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// prepared, its marker in the commit-log table decides: present →
     /// already committed (success); absent → [`ConnectorError::DataLoss`]. In
     /// upsert mode the staged rows are then merged into the table. Lost
-    /// connections are transient errors.
+    /// connections are transient errors. Only while the write connection's
+    /// session holds the subtask locks: after a lost write connection, a new
+    /// one takes them first (fatal when another process has them).
     async fn commit(&mut self, c: &PostgresCommittable) -> Result<(), ConnectorError> {
+        self.lock_writer().await?;
         self.commit_and_merge(c).await?;
+        self.markers.committed(c.checkpoint.0);
         self.prune_markers().await;
         Ok(())
+    }
+
+    /// A fallback to `checkpoint` (the newer checkpoint entries cannot be
+    /// read) replays everything after it. [`ReplayCheck::CommittedLater`]
+    /// when the commit log holds a marker of a later checkpoint of this
+    /// subtask or of any subtask `j` with `j % parallelism` equal to it (the
+    /// ones it adopts, and those of a higher parallelism the pipeline may
+    /// have run at since); `Safe` when none does. Sound although markers are
+    /// pruned: the marker of the pipeline's highest committed checkpoint is
+    /// never deleted (see the rule in `markers.rs`). Reads only.
+    async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
+        self.connect_committer().await?;
+        let sql = format!(
+            "SELECT max(checkpoint) FROM {} WHERE pipeline = $1 AND sink_table = $2 AND subtask % $3 = $4 \
+             AND checkpoint > $5",
+            self.settings().commit_log.sql()
+        );
+        let parallelism = i32::try_from(self.subtask.context.parallelism.max(1)).unwrap_or(i32::MAX);
+        let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
+        let later = self
+            .committer()
+            .query_one(
+                &sql,
+                &[
+                    &self.subtask.context.pipeline,
+                    &self.settings().table_label,
+                    &parallelism,
+                    &subtask,
+                    &checkpoint_i64(checkpoint),
+                ],
+            )
+            .await;
+        match later {
+            Ok(row) => Ok(match row.get::<_, Option<i64>>(0) {
+                Some(later) => ReplayCheck::CommittedLater(CheckpointId(u64::try_from(later).unwrap_or(0))),
+                None => ReplayCheck::Safe,
+            }),
+            // No commit log: nothing to tell from.
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(ReplayCheck::Unknown),
+            Err(e) => Err(self.pg_error("reading the commit markers", &e)),
+        }
     }
 
     /// `ROLLBACK` of the open transaction. A lost connection is success: the
     /// server rolled it back already.
     async fn abort(&mut self, txn: PostgresTransaction) -> Result<(), ConnectorError> {
         // An unfinished COPY is failed by dropping it; ROLLBACK follows.
+        if txn.generation != self.writer_generation {
+            // It died with its connection.
+            return Ok(());
+        }
         self.drop_copy();
         if !self.open {
             return Ok(());

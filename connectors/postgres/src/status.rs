@@ -29,7 +29,7 @@ impl PostgresSinkFactory {
         let settings = &self.settings;
         let query = async {
             let mut config = settings.pg.clone();
-            config.application_name(&format!("exactly status {pipeline}"));
+            config.application_name(format!("exactly status {pipeline}"));
             let (client, connection) = config
                 .connect(NoTls)
                 .await

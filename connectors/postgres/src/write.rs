@@ -12,11 +12,14 @@ use tokio_postgres::{Client, NoTls, ToStatement};
 use crate::config::Settings;
 use crate::convert::{to_row, Cell, ColumnSpec};
 use crate::error::{classify, connect_error};
+use crate::lock;
 
-/// Connects and drives the connection on its own task.
-pub(crate) async fn connect(settings: &Settings) -> Result<Client, ConnectorError> {
-    let (client, connection) = settings
-        .pg
+/// Connects as `application_name` (see [`lock::application_name`]) and
+/// drives the connection on its own task.
+pub(crate) async fn connect(settings: &Settings, application_name: &str) -> Result<Client, ConnectorError> {
+    let mut config = settings.pg.clone();
+    config.application_name(application_name);
+    let (client, connection) = config
         .connect(NoTls)
         .await
         .map_err(|e| connect_error(&settings.url, &e))?;
@@ -103,6 +106,11 @@ pub(crate) struct Subtask {
 }
 
 impl Subtask {
+    /// The `application_name` of this sink's connections.
+    pub fn application_name(&self) -> String {
+        lock::application_name(&self.context.pipeline)
+    }
+
     /// `postgres sink <table> (subtask <n>): <action>`, the context of errors.
     pub fn label(&self, action: &str) -> String {
         format!(

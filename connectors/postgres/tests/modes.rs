@@ -225,6 +225,7 @@ async fn fenced_mode_writes_each_record_exactly_once_into_a_table_without_a_key(
     let expected = each_once(&[(0, 0..9), (1, 0..6)]);
     assert_eq!(rows(&f).await, expected);
     assert_eq!(positions(&f, &scope).await, at(&[("orders-0", 8), ("orders-1", 5)]));
+    drop(restarted);
 
     // Replaying everything once more changes nothing.
     let mut again = erased(&f.config, &f.pipeline).await;
@@ -271,14 +272,17 @@ async fn fenced_dead_letters_are_fenced_too() {
     assert_eq!(dead, [2, 3], "a replay does not repeat a dead letter");
 }
 
+/// The subtask locks keep a second process of the pipeline out (see
+/// `tests/locks.rs`); the compare-and-set of the positions is the second
+/// line: a writer of the same scope and split whose lock is another one (a
+/// different subtask number) still cannot duplicate rows.
 #[tokio::test]
 async fn a_second_writer_of_the_same_scope_fails_instead_of_duplicating() {
     let f = events_fixture().await;
     let factory = PostgresSinkFactory::new(f.config.clone()).unwrap();
-    let ctx = context(&f.pipeline, 0);
     let scope = factory.fence_scope(&f.pipeline);
-    let mut live = factory.create_fenced_sink(&ctx).unwrap();
-    let mut zombie = factory.create_fenced_sink(&ctx).unwrap();
+    let mut live = factory.create_fenced_sink(&context(&f.pipeline, 0)).unwrap();
+    let mut zombie = factory.create_fenced_sink(&context(&f.pipeline, 1)).unwrap();
     assert_eq!(live.scope(), scope);
     live.open().await.unwrap();
     zombie.open().await.unwrap();
@@ -324,6 +328,7 @@ async fn fenced_mode_with_an_upsert_key_upserts_under_the_fence() {
     )
     .await;
     assert_eq!(pairs(&f.db, &f.table).await, expect_pairs(&[(1, "c"), (2, "d")]));
+    drop(sink); // the process ends
     let mut restarted = erased(&f.config, &f.pipeline).await;
     interval(&mut restarted, 2, &[vec![kv(0, 1, 1, "x"), kv(0, 4, 2, "e")]]).await;
     assert_eq!(

@@ -131,3 +131,79 @@ async fn modes_upsert_and_fenced_work_with_max_prepared_transactions_zero() {
     let message = fatal_message(refused.recover(&[]).await);
     assert!(message.contains("max_prepared_transactions = 0"), "{message}");
 }
+
+/// The keys of the advisory locks held by the sessions of `pipeline`'s
+/// sinks.
+async fn held_keys(db: &tokio_postgres::Client, pipeline: &str) -> Vec<i64> {
+    db.query(
+        "SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l \
+         JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+         AND starts_with(a.application_name, 'exactly ' || $1 || ' pid=')",
+        &[&pipeline],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// After a server restart the sink's sessions are gone, and with them its
+/// subtask lock. It must take the lock again before its next commit, never
+/// commit while another process holds it, and the transaction that was open
+/// on the lost connection must not continue on the new one (its rows would
+/// be written outside any transaction).
+#[tokio::test]
+async fn after_a_restart_the_lock_is_taken_again_before_a_commit_and_the_open_transaction_is_gone() {
+    let mut pg = own_server();
+    let url = pg.url().to_string();
+    let table = unique("relock");
+    let pipeline = unique("relock");
+    let config = config(
+        &url,
+        &table,
+        "create_table = true\n[sink.postgres.columns]\nid = { from = \"/id\", type = \"bigint\" }\n",
+    );
+    let (mut sink, _) = new_sink(&config, &pipeline, 0);
+    sink.recover(&[]).await.unwrap();
+    let c = prepare(&mut sink, 1, &[vec![record(0, 0, r#"{"id":1}"#)]]).await;
+    let mut open = sink.begin(CheckpointId(2)).await.unwrap();
+    sink.write(&mut open, &[record(0, 1, r#"{"id":2}"#)]).await.unwrap();
+    let key = held_keys(&client(&url).await, &pipeline).await[0];
+
+    pg.restart().unwrap();
+    // Another process is quicker and takes the lock.
+    let mut other_config: tokio_postgres::Config = url.parse().unwrap();
+    other_config.application_name("the other process");
+    let (other, connection) = other_config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    other.execute("SELECT pg_advisory_lock($1)", &[&key]).await.unwrap();
+    let message = fatal_message(sink.commit(&c).await);
+    assert!(
+        message.contains("the other process") && message.contains("sink subtask 0"),
+        "{message}"
+    );
+    let db = client(&url).await;
+    assert_eq!(
+        prepared(&db, &c.gid).await,
+        std::slice::from_ref(&c.gid),
+        "not committed without the lock"
+    );
+
+    // It goes away: the commit takes the lock and goes through.
+    drop(other);
+    sink.commit(&c).await.unwrap();
+    assert_eq!(count(&db, &table).await, 1);
+    assert_eq!(held_keys(&db, &pipeline).await, [key]);
+    // The transaction of the lost connection cannot go on.
+    let lost = sink.write(&mut open, &[record(0, 2, r#"{"id":3}"#)]).await;
+    assert!(matches!(lost, Err(ConnectorError::Transient { .. })), "{lost:?}");
+    let lost = sink.pre_commit(open).await;
+    assert!(matches!(lost, Err(ConnectorError::Transient { .. })), "{lost:?}");
+    assert_eq!(count(&db, &table).await, 1, "nothing of it was written");
+    assert!(prepared(&db, sink.gid_prefix()).await.is_empty());
+    let next = prepare(&mut sink, 3, &[vec![record(0, 1, r#"{"id":2}"#)]]).await;
+    sink.commit(&next).await.unwrap();
+    assert_eq!(count(&db, &table).await, 2);
+}

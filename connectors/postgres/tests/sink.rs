@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use exactly_core::{CheckpointId, ConnectorError, Record, SinkFactory, TwoPhaseCommitSink};
+use exactly_core::{CheckpointId, ConnectorError, Record, ReplayCheck, SinkFactory, TwoPhaseCommitSink};
 use exactly_postgres::{PostgresCommittable, PostgresSinkFactory};
 use serde_json::json;
 
@@ -570,10 +570,11 @@ async fn the_factory_builds_erased_sinks_whose_committables_round_trip() {
         json!({"gid": format!("exactly:{pipeline}:{table}:1:3"), "checkpoint": 3, "subtask": 1})
     );
     assert_eq!(f.count().await, 0);
+    drop(erased); // the process ends
     let mut restarted = factory.create(context(pipeline, 1)).unwrap();
     restarted.recover(std::slice::from_ref(&committable)).await.unwrap();
     assert_eq!(f.count().await, 4);
-    erased.commit(&committable).await.unwrap();
+    restarted.commit(&committable).await.unwrap();
     assert_eq!(f.count().await, 4);
 }
 
@@ -787,6 +788,7 @@ async fn a_late_commit_keeps_its_marker_for_the_retention_after_the_commit() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     sink.commit(&c).await.unwrap();
     // A crash before the next checkpoint: a new sink re-commits the same one.
+    drop(sink);
     let (mut again, _) = new_sink(&f.config, &f.pipeline, 0);
     again.recover(std::slice::from_ref(&c)).await.unwrap();
     assert_eq!(f.count().await, 2);
@@ -831,4 +833,114 @@ async fn an_older_commit_log_gets_committed_at_added() {
     )
     .await;
     assert_eq!(stamped, [true]);
+}
+
+/// A checkpoint may list several transactions of a subtask (here checkpoint
+/// 1 failed, so the latest one lists the transactions of 1 and 2). A
+/// retention shorter than the time between their commits must not delete
+/// the first one's marker while that checkpoint is still the latest: a
+/// restore of it re-commits both, and a missing marker would be reported as
+/// data loss. Markers go once a transaction begun after their commit is
+/// committed (a newer checkpoint completed).
+#[tokio::test]
+async fn a_short_retention_never_deletes_a_marker_the_latest_checkpoint_lists() {
+    let f = Fixture::new("retained", &format!("commit_log_retention = \"1s\"\n{ID_NAME}")).await;
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let first = prepare(&mut sink, 1, &[people(0, 0, 1)]).await;
+    let second = prepare(&mut sink, 2, &[people(0, 1, 1)]).await;
+    sink.commit(&first).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sink.commit(&second).await.unwrap();
+    // A crash before every subtask committed (or before the runtime
+    // recorded it): the latest checkpoint is restored.
+    drop(sink);
+    let (mut restarted, _) = new_sink(&f.config, &f.pipeline, 0);
+    restarted
+        .recover(&[first.clone(), second.clone()])
+        .await
+        .expect("no false data loss");
+    assert_eq!(f.count().await, 2);
+
+    let markers = || async {
+        let gids: Vec<String> = column(
+            &f.db,
+            &format!(
+                "SELECT gid FROM exactly_commit_log WHERE pipeline = '{}' ORDER BY checkpoint",
+                f.pipeline
+            ),
+        )
+        .await;
+        gids
+    };
+    // The first commit of a transaction begun after recovery releases the
+    // markers recovery needed ...
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let third = prepare(&mut restarted, 3, &[people(0, 2, 1)]).await;
+    restarted.commit(&third).await.unwrap();
+    assert_eq!(
+        markers().await,
+        std::slice::from_ref(&third.gid),
+        "markers of 1 and 2 are pruned"
+    );
+    // ... and each later one the markers before it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let fourth = prepare(&mut restarted, 4, &[people(0, 3, 1)]).await;
+    restarted.commit(&fourth).await.unwrap();
+    assert_eq!(markers().await, std::slice::from_ref(&fourth.gid));
+    assert_eq!(f.count().await, 4);
+}
+
+/// Before falling back to an older checkpoint (the newer entries cannot be
+/// read), the runtime asks whether replaying what came after it duplicates
+/// anything. The commit markers tell: a later checkpoint of this subtask, or
+/// of one that `j % parallelism` maps to it, was committed. Pruning never
+/// deletes the newest marker, so the answer survives a short retention.
+#[tokio::test]
+async fn the_replay_check_finds_commits_of_later_checkpoints_in_the_markers() {
+    let log = unique("replay_log");
+    let f = Fixture::new(
+        "replay",
+        &format!("commit_log_retention = \"1s\"\ncommit_log_table = \"{log}\"\n{ID_NAME}"),
+    )
+    .await;
+    let (mut fresh, _) = new_sink(&f.config, &f.pipeline, 0);
+    assert_eq!(
+        fresh.check_replay_after(CheckpointId(1)).await.unwrap(),
+        ReplayCheck::Unknown,
+        "no commit log yet"
+    );
+    drop(fresh);
+    let (mut s0, _) = f.recovered(0, &[]).await;
+    for (checkpoint, from) in [(3, 0), (5, 10), (7, 20)] {
+        let c = prepare(&mut s0, checkpoint, &[people(0, from, 1)]).await;
+        s0.commit(&c).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let markers: Vec<i64> = column(&f.db, &format!("SELECT checkpoint FROM \"{log}\" ORDER BY 1")).await;
+    assert_eq!(markers, [7], "the older markers are pruned");
+    for (after, expected) in [
+        (2, ReplayCheck::CommittedLater(CheckpointId(7))),
+        (5, ReplayCheck::CommittedLater(CheckpointId(7))),
+        (7, ReplayCheck::Safe),
+    ] {
+        assert_eq!(
+            s0.check_replay_after(CheckpointId(after)).await.unwrap(),
+            expected,
+            "after {after}"
+        );
+    }
+    // Subtask 3 of a run at parallelism 4 committed checkpoint 9: at
+    // parallelism 2 it maps to subtask 1.
+    let factory = PostgresSinkFactory::new(f.config.clone()).unwrap();
+    let metrics = std::sync::Arc::new(exactly_core::Metrics::default());
+    let mut s3 = factory.create_sink(exactly_core::SinkContext::new(&f.pipeline, 3, 4, metrics));
+    s3.recover(&[]).await.unwrap();
+    let c = prepare(&mut s3, 9, &[people(3, 0, 1)]).await;
+    s3.commit(&c).await.unwrap();
+    let (mut s1, _) = new_sink(&f.config, &f.pipeline, 1);
+    assert_eq!(
+        s1.check_replay_after(CheckpointId(7)).await.unwrap(),
+        ReplayCheck::CommittedLater(CheckpointId(9))
+    );
+    assert_eq!(s0.check_replay_after(CheckpointId(7)).await.unwrap(), ReplayCheck::Safe);
 }

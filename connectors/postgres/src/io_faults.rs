@@ -1,0 +1,120 @@
+//! Crash points inside the sink's PostgreSQL I/O, for the crash tests (see
+//! [`exactly_core::fault`]):
+//!
+//! Both are points of a subtask: `postgres_sink.mid_copy@1:3` is the third
+//! hit in subtask 1.
+//!
+//! | point | where |
+//! |---|---|
+//! | `postgres_sink.mid_copy` | a COPY of rows is open and has streamed at least [`MID_COPY_BYTES`] of record data (the server has received rows), before it is finished |
+//! | `postgres_sink.before_prepare_answer` | `PREPARE TRANSACTION` was sent and the server has prepared the transaction, before the sink reads the answer |
+//!
+//! A crash point kills the process at once, which may be before the
+//! connection's task has put the bytes on the wire. When `EXACTLY_CRASH_AT`
+//! names one of these points, the sink therefore first waits (at most
+//! [`SERVER_WAIT`], on its commit connection) until the server shows the
+//! state the point is about: COPY progress in `pg_stat_progress_copy`, the
+//! gid in `pg_prepared_xacts`. Without the variable nothing waits and a
+//! point costs an atomic load.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::OnceLock;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use exactly_core::fault;
+
+use crate::sink::PostgresSink;
+
+/// See the module documentation.
+pub(crate) const MID_COPY: &str = "postgres_sink.mid_copy";
+/// See the module documentation.
+pub(crate) const BEFORE_PREPARE_ANSWER: &str = "postgres_sink.before_prepare_answer";
+
+/// Record data a COPY has taken when [`MID_COPY`] is reached: twice the
+/// 4 KiB the binary COPY writer buffers before it sends, so rows have left
+/// the process.
+pub(crate) const MID_COPY_BYTES: usize = 8 * 1024;
+
+/// How long a planned crash waits for the server to show its state.
+const SERVER_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether `EXACTLY_CRASH_AT` (`<point>[@<subtask>][:<nth>]`) names `point`,
+/// for any subtask and hit.
+pub(crate) fn planned(point: &str) -> bool {
+    static PLANNED: OnceLock<Option<String>> = OnceLock::new();
+    let planned = PLANNED.get_or_init(|| {
+        let spec = std::env::var(fault::CRASH_AT_ENV).ok()?;
+        let name = spec.split(['@', ':']).next().unwrap_or_default();
+        Some(name.to_string())
+    });
+    planned.as_deref() == Some(point)
+}
+
+/// Runs `request`; when `point` is planned, hands the statement to the
+/// connection first, then runs `between` (which waits and crashes), and
+/// only then waits for the answer.
+pub(crate) async fn after_sending<F: Future>(request: F, point: &str, between: impl Future<Output = ()>) -> F::Output {
+    if !planned(point) {
+        return request.await;
+    }
+    let mut request = pin!(request);
+    // tokio-postgres queues the statement for its connection task on the
+    // first poll.
+    let first = std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx))).await;
+    if let Poll::Ready(output) = first {
+        return output;
+    }
+    between.await;
+    request.await
+}
+
+impl PostgresSink {
+    /// [`MID_COPY`]: a COPY of rows is open and has streamed
+    /// [`MID_COPY_BYTES`] or more.
+    pub(crate) async fn mid_copy_point(&self) {
+        if planned(MID_COPY) {
+            if let (Some(committer), Some(pid)) = (self.committer_if_up(), self.writer_pid()) {
+                wait_for(
+                    committer,
+                    "SELECT count(*) FROM pg_stat_progress_copy WHERE pid = $1 AND bytes_processed > 0",
+                    pid,
+                )
+                .await;
+            }
+        }
+        fault::point_at(MID_COPY, self.subtask.context.subtask);
+    }
+
+    /// [`BEFORE_PREPARE_ANSWER`]: `PREPARE TRANSACTION '<gid>'` was sent.
+    pub(crate) async fn before_prepare_answer(&self, gid: &str) {
+        if let Some(committer) = self.committer_if_up() {
+            wait_for(
+                committer,
+                "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1 AND database = current_database()",
+                gid,
+            )
+            .await;
+        }
+        fault::point_at(BEFORE_PREPARE_ANSWER, self.subtask.context.subtask);
+    }
+}
+
+/// Polls `count_sql` (one parameter) until it counts a row, at most
+/// [`SERVER_WAIT`]; errors end the wait (a server without
+/// `pg_stat_progress_copy`, before PostgreSQL 14).
+async fn wait_for<P: tokio_postgres::types::ToSql + Sync>(client: &tokio_postgres::Client, count_sql: &str, param: P) {
+    let deadline = Instant::now() + SERVER_WAIT;
+    while Instant::now() < deadline {
+        match client.query_one(count_sql, &[&param]).await {
+            Ok(row) if row.get::<_, i64>(0) > 0 => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(error) => {
+                tracing::warn!(%error, "cannot see the server's state before a planned crash; crashing anyway");
+                return;
+            }
+        }
+    }
+    tracing::warn!("the server did not show the state of the planned crash point in time; crashing anyway");
+}
