@@ -40,6 +40,18 @@ payload = {{ from = "value", type = "jsonb" }}
     )
 }
 
+/// A built pipeline and the parts of it the operations endpoints read.
+pub struct Built {
+    /// The pipeline.
+    pub pipeline: Pipeline,
+    /// Its sink's factory.
+    pub sink: Arc<dyn SinkFactory>,
+    /// The Kafka source's factory, when the source is Kafka (its counters).
+    pub kafka_source: Option<Arc<exactly_kafka::KafkaSourceFactory>>,
+    /// The Kafka sink's factory, when the sink is Kafka (lost transactions).
+    pub kafka_sink: Option<Arc<exactly_kafka::KafkaSinkFactory>>,
+}
+
 /// A duration written like `"1s"`, `"250ms"`, `"2m"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
@@ -77,6 +89,48 @@ pub struct PipelineFile {
     pub source: SourceSection,
     /// `[sink.<kind>]`.
     pub sink: SinkSection,
+    /// `[metrics]`: the Prometheus and health endpoint.
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: where `/metrics`, `/health/live` and `/health/ready` are
+/// served while the pipeline runs (nothing is served without `listen`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Address to listen on, e.g. `"127.0.0.1:9464"` (`--metrics-listen`
+    /// overrides it).
+    pub listen: Option<String>,
+    /// `/health/ready` answers 503 once the latest completed checkpoint is
+    /// older than this (default: 3 checkpoint intervals plus the checkpoint
+    /// timeout).
+    pub ready_max_checkpoint_age: Option<HumanDuration>,
+    /// How often the consumer lag is read from the brokers (default 5s).
+    pub lag_interval: Option<HumanDuration>,
+}
+
+impl MetricsSection {
+    /// `listen` as a socket address; the error names the key and the fix.
+    pub fn listen_address(&self, origin: &str) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        self.listen
+            .as_deref()
+            .map(|a| parse_listen(a, origin, "metrics.listen"))
+            .transpose()
+    }
+}
+
+/// Parses a listen address (`HOST:PORT` with an IP address); `key` names
+/// where it came from.
+pub fn parse_listen(address: &str, origin: &str, key: &str) -> Result<std::net::SocketAddr, ConfigError> {
+    address.parse().map_err(|e| ConfigError::Invalid {
+        path: origin.to_string(),
+        key: key.to_string(),
+        problem: format!(
+            "`{address}` is not a listen address ({e}); write an IP address and a port, e.g. \"127.0.0.1:9464\" \
+             (or \"0.0.0.0:9464\" for every interface)"
+        ),
+    })
 }
 
 fn one() -> usize {
@@ -295,6 +349,13 @@ impl PipelineFile {
         if self.restart.jitter.is_some_and(|j| !(0.0..=1.0).contains(&j)) {
             return invalid("restart.jitter", "must be between 0.0 and 1.0");
         }
+        self.metrics.listen_address(origin)?;
+        if self.metrics.lag_interval.is_some_and(|d| d.0.is_zero()) {
+            return invalid("metrics.lag_interval", "must be greater than 0s");
+        }
+        if self.metrics.ready_max_checkpoint_age.is_some_and(|d| d.0.is_zero()) {
+            return invalid("metrics.ready_max_checkpoint_age", "must be greater than 0s");
+        }
         match &self.source {
             SourceSection::Sequence(s) if s.splits == 0 || s.records_per_split < 0 => {
                 return invalid("source.sequence", "needs splits >= 1 and records_per_split >= 0");
@@ -380,6 +441,13 @@ impl PipelineFile {
 
     /// Builds the pipeline.
     pub fn build(&self) -> Result<Pipeline, exactly_core::PipelineError> {
+        self.build_parts().map(|built| built.pipeline)
+    }
+
+    /// Builds the pipeline, keeping the connector factories whose own
+    /// counters the metrics endpoint exports.
+    pub fn build_parts(&self) -> Result<Built, exactly_core::PipelineError> {
+        let mut kafka_source = None;
         let source: Arc<dyn SourceFactory> = match &self.source {
             SourceSection::Sequence(s) => Arc::new(SequenceSourceFactory {
                 splits: s.splits,
@@ -387,11 +455,32 @@ impl PipelineFile {
                 batch: s.batch.unwrap_or(100),
                 delay_per_poll: s.delay_per_poll.map_or(Duration::ZERO, |d| d.0),
             }),
-            SourceSection::Kafka(k) => Arc::new(
-                exactly_kafka::KafkaSourceFactory::new(&self.name, k.clone())
-                    .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
-            ),
+            SourceSection::Kafka(k) => {
+                let factory = Arc::new(
+                    exactly_kafka::KafkaSourceFactory::new(&self.name, k.clone())
+                        .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
+                );
+                kafka_source = Some(factory.clone());
+                factory
+            }
         };
+        let (sink, kafka_sink) = self.sink_factory()?;
+        let pipeline = Pipeline::new(self.pipeline_config(), source, sink.clone(), Arc::new(self.store()))?;
+        Ok(Built {
+            pipeline,
+            sink,
+            kafka_source,
+            kafka_sink,
+        })
+    }
+
+    /// The sink's factory (and, for a Kafka sink, its typed form). Checks
+    /// the settings; connects to nothing.
+    #[allow(clippy::type_complexity)]
+    pub fn sink_factory(
+        &self,
+    ) -> Result<(Arc<dyn SinkFactory>, Option<Arc<exactly_kafka::KafkaSinkFactory>>), exactly_core::PipelineError> {
+        let mut kafka_sink = None;
         let sink: Arc<dyn SinkFactory> = match &self.sink {
             SinkSection::File(f) => Arc::new(FileSinkFactory {
                 dir: f.dir.clone(),
@@ -404,13 +493,17 @@ impl PipelineFile {
                 exactly_postgres::PostgresSinkFactory::new(p.clone())
                     .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
             ),
-            SinkSection::Kafka(k) => Arc::new(
-                exactly_kafka::KafkaSinkFactory::new(&self.name, k.clone())
-                    .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?
-                    .with_checkpoint_interval(self.pipeline_config().checkpoint.interval),
-            ),
+            SinkSection::Kafka(k) => {
+                let factory = Arc::new(
+                    exactly_kafka::KafkaSinkFactory::new(&self.name, k.clone())
+                        .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?
+                        .with_checkpoint_interval(self.pipeline_config().checkpoint.interval),
+                );
+                kafka_sink = Some(factory.clone());
+                factory
+            }
         };
-        Pipeline::new(self.pipeline_config(), source, sink, Arc::new(self.store()))
+        Ok((sink, kafka_sink))
     }
 }
 

@@ -5,6 +5,7 @@
 //! `exactly` command.
 
 pub mod config;
+pub mod ops;
 
 pub use exactly_core as core;
 pub use exactly_file as file;

@@ -6,12 +6,16 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use exactly::config::PipelineFile;
+use exactly::config::{parse_listen, PipelineFile};
 use exactly::core::CheckpointStore;
+use exactly::ops::{self, logging::LogFormat};
 
 #[derive(Parser)]
 #[command(name = "exactly", version, about = "End-to-end exactly-once data pipelines")]
 struct Cli {
+    /// Log lines as text or as one JSON object per line (stderr; RUST_LOG filters).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -25,6 +29,21 @@ enum Cmd {
         file: PathBuf,
         #[command(flatten)]
         flags: RunFlags,
+        /// Serve /metrics, /health/live and /health/ready here (e.g.
+        /// 127.0.0.1:9464); overrides `[metrics] listen`.
+        #[arg(long, value_name = "ADDRESS")]
+        metrics_listen: Option<String>,
+    },
+    /// What a pipeline is doing, without running it or taking its lock:
+    /// the latest complete checkpoint (id, age, positions), what it lists
+    /// as pending, the sink's prepared transactions of the pipeline, and
+    /// the consumer lag per partition.
+    Status {
+        /// The pipeline file.
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Inspect a pipeline's externalized checkpoints.
     Checkpoints {
@@ -48,19 +67,32 @@ enum CheckpointCmd {
         /// The pipeline file.
         file: PathBuf,
     },
+    /// Print one entry (verified: checksum and name) readably.
+    Show {
+        /// The entry's file: `<checkpoint dir>/<pipeline>/<fingerprint>-<unix-ms>-<id>`.
+        entry: PathBuf,
+        /// Print the entry's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    ops::logging::init(cli.log_format);
     match cli.command {
-        Cmd::Run { file, flags } => run(&file, flags),
+        Cmd::Run {
+            file,
+            flags,
+            metrics_listen,
+        } => run(&file, flags, metrics_listen),
+        Cmd::Status { file, json } => status(&file, json),
         Cmd::Checkpoints {
             command: CheckpointCmd::List { file },
         } => list_checkpoints(&file),
+        Cmd::Checkpoints {
+            command: CheckpointCmd::Show { entry, json },
+        } => show_checkpoint(&entry, json),
         Cmd::Demo { dir } => demo(dir),
     }
 }
@@ -88,16 +120,75 @@ struct RunFlags {
     allow_fallback: bool,
 }
 
-fn run(file: &Path, flags: RunFlags) -> Result<()> {
+fn run(file: &Path, flags: RunFlags, metrics_listen: Option<String>) -> Result<()> {
     let mut config = PipelineFile::load(file)?;
+    let listen = match metrics_listen {
+        Some(address) => Some(parse_listen(&address, "command line", "--metrics-listen")?),
+        None => config.metrics.listen_address(&file.display().to_string())?,
+    };
     config.checkpoint.allow_fingerprint_change |= flags.allow_fingerprint_change;
     config.checkpoint.allow_parallelism_change |= flags.allow_parallelism_change;
     config.checkpoint.allow_first_start |= flags.allow_first_start;
     config.checkpoint.allow_fallback |= flags.allow_fallback;
-    let pipeline = config.build()?;
+    let built = config.build_parts()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let summary = runtime.block_on(pipeline.run(shutdown_signal()))?;
+    let summary = runtime.block_on(async {
+        let observed = ops::observe(&config, &built);
+        let mut background = ops::Background::default();
+        let server = match listen {
+            Some(address) => Some(ops::server::MetricsServer::start(address, observed.clone()).await?),
+            None => None,
+        };
+        if server.is_some() || ops::progress::enabled() {
+            background.push(ops::spawn_lag_monitor(&config, &observed, ops::lag_interval(&config)));
+            background.push(Some(tokio::spawn(ops::progress::run(observed))));
+        }
+        let summary = built.pipeline.run(shutdown_signal()).await?;
+        drop(background);
+        drop(server);
+        anyhow::Ok(summary)
+    })?;
     println!("{}", serde_json::to_string(&summary.metrics)?);
+    Ok(())
+}
+
+/// Loads a pipeline file for an inspecting command; a missing file's error
+/// says what to pass.
+fn load_for(command: &str, file: &Path) -> Result<PipelineFile> {
+    PipelineFile::load(file).map_err(|e| match e {
+        exactly::config::ConfigError::Read { .. } => anyhow::anyhow!(
+            "{e}. Fix: pass the pipeline's TOML file, the one `exactly run` runs (`exactly {command} pipeline.toml`)"
+        ),
+        other => other.into(),
+    })
+}
+
+fn status(file: &Path, json: bool) -> Result<()> {
+    let config = load_for("status", file)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(ops::status::status(&config))?;
+    if json {
+        println!("{}", ops::redact::redact(&serde_json::to_string_pretty(&report)?));
+    } else {
+        print!("{}", ops::status::render_text(&report));
+    }
+    if !report.problems.is_empty() {
+        bail!(
+            "{} part(s) of the status could not be read:\n{}",
+            report.problems.len(),
+            report.problems.join("\n")
+        );
+    }
+    Ok(())
+}
+
+fn show_checkpoint(entry: &Path, json: bool) -> Result<()> {
+    let entry = ops::show::read_entry(entry)?;
+    if json {
+        println!("{}", ops::redact::redact(&serde_json::to_string_pretty(&entry)?));
+    } else {
+        print!("{}", ops::show::render_text(&entry));
+    }
     Ok(())
 }
 
@@ -111,7 +202,7 @@ async fn shutdown_signal() {
 }
 
 fn list_checkpoints(file: &Path) -> Result<()> {
-    let config = PipelineFile::load(file)?;
+    let config = load_for("checkpoints list", file)?;
     let store = config.store();
     let names = store.list()?;
     if names.is_empty() {
