@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use exactly::core::{CheckpointStore, FsCheckpointStore};
 use exactly::file::read_committed_lines_of;
 
 /// `<root>/<name>/pipeline.toml`: pipeline `name` (parallelism
@@ -80,14 +79,13 @@ fn rescale_3_to_2_after(point: &str, left_behind: impl FnOnce(usize, usize)) {
     let out = root.path().join("out");
     let at_3 = pipeline_in(root.path(), "rescale", 3, &out);
     run_killed_at(&at_3, point);
-    let store = FsCheckpointStore::new(root.path().join("rescale").join("checkpoints"), "rescale", 3);
-    let latest = store.latest().unwrap().expect("a checkpoint before the crash");
+    // The pending files the latest checkpoints list (one, or one per
+    // failover region), by name: file committables name their subtask.
+    let latest = latest_entries(&root.path().join("rescale").join("checkpoints"), "rescale");
+    assert!(!latest.is_empty(), "a checkpoint before the crash");
     let listed: BTreeSet<String> = latest
-        .checkpoint
-        .pending
-        .get(&2)
-        .into_iter()
-        .flatten()
+        .iter()
+        .flat_map(|e| e.checkpoint.pending.values().flatten())
         .map(|c| {
             c.committable["pending"]
                 .as_str()
@@ -164,9 +162,11 @@ fn a_second_process_of_a_pipeline_is_refused_the_output_folder_even_with_other_c
     let second = slow_copy(root.path(), "second", &out);
     let running = spawn(&first);
     let checkpoints = root.path().join("first").join("checkpoints");
-    let store = FsCheckpointStore::new(&checkpoints, "single-writer", 3);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while store.latest().ok().flatten().is_none_or(|e| e.checkpoint.id.0 == 0) {
+    while latest_entries(&checkpoints, "single-writer")
+        .iter()
+        .all(|e| e.checkpoint.id.0 == 0)
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "the first run never completed a checkpoint"

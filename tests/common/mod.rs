@@ -307,3 +307,31 @@ pub fn pending_files(out: &Path) -> std::collections::BTreeSet<String> {
 pub fn file_sink_into(out: &Path) -> String {
     format!("[sink.file]\ndir = {:?}", out.display().to_string())
 }
+
+/// The folders of the checkpoint stores of pipeline `name` under
+/// `checkpoints`: the pipeline's folder and every folder inside it (with
+/// failover regions, each region keeps its entries in one of its own).
+pub fn checkpoint_store_folders(checkpoints: &Path, name: &str) -> Vec<PathBuf> {
+    let dir = checkpoints.join(name);
+    let mut folders = vec![dir.clone()];
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        let mut inner: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+        inner.sort();
+        folders.extend(inner);
+    }
+    folders
+}
+
+/// The latest readable checkpoint entry of every checkpoint store of
+/// pipeline `name` under `checkpoints` (see [`checkpoint_store_folders`]).
+pub fn latest_entries(checkpoints: &Path, name: &str) -> Vec<exactly::core::CheckpointEntry> {
+    use exactly::core::CheckpointStore;
+    checkpoint_store_folders(checkpoints, name)
+        .into_iter()
+        .filter_map(|folder| {
+            let parent = folder.parent()?.to_path_buf();
+            let store = exactly::core::FsCheckpointStore::new(parent, &folder.file_name()?.to_string_lossy(), 3);
+            store.latest().ok().flatten()
+        })
+        .collect()
+}
