@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use exactly_core::{
-    CheckpointConfig, FsCheckpointStore, Guarantee, Pipeline, PipelineConfig, RestartStrategy, SequenceSourceFactory,
-    SinkFactory, SourceFactory,
+    CheckpointConfig, Failover, FsCheckpointStore, Guarantee, Pipeline, PipelineConfig, RestartStrategy,
+    SequenceSourceFactory, SinkFactory, SourceFactory,
 };
 use exactly_file::{FileFormat, FileSinkFactory};
 use serde::Deserialize;
@@ -77,6 +77,10 @@ pub struct PipelineFile {
     /// Source and sink subtasks (default 1).
     #[serde(default = "one")]
     pub parallelism: usize,
+    /// `"region"` (default: every source → sink chain checkpoints and fails
+    /// over on its own) or `"global"`.
+    #[serde(default)]
+    pub failover: Failover,
     /// Records per source poll (default 500).
     #[serde(default = "default_batch")]
     pub batch_size: usize,
@@ -400,6 +404,7 @@ impl PipelineFile {
         let mut config = PipelineConfig::new(self.name.clone());
         config.guarantee = self.guarantee;
         config.parallelism = self.parallelism;
+        config.failover = self.failover;
         config.batch_size = self.batch_size;
         config.allow_fingerprint_change = c.allow_fingerprint_change;
         config.allow_parallelism_change = c.allow_parallelism_change;

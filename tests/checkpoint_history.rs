@@ -18,16 +18,9 @@ fn folder(dir: &Path) -> PathBuf {
     dir.join("checkpoints").join("history")
 }
 
-/// The entry files of the pipeline's folder.
+/// The entry files of every checkpoint sequence of the pipeline.
 fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(folder(dir))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| exactly::core::EntryName::parse(&p.file_name().unwrap().to_string_lossy()).is_some())
-        .collect();
-    entries.sort();
-    entries
+    checkpoint_entry_files(&folder(dir))
 }
 
 /// Every file of the output folder, committed and pending, with its size.
@@ -118,9 +111,10 @@ fn an_id_watermark_without_entries_is_a_history_too() {
     for entry in entries(dir.path()) {
         std::fs::remove_file(entry).unwrap();
     }
-    assert!(folder(dir.path())
-        .join(exactly::core::store::ID_WATERMARK_FILE)
-        .exists());
+    for sequence in checkpoint_sequences(&folder(dir.path())) {
+        let watermark = sequence.join(exactly::core::store::ID_WATERMARK_FILE);
+        assert!(watermark.exists(), "{}", watermark.display());
+    }
     let (status, log) = run(&config, None, &[]);
     assert!(!status.success(), "{log}");
     assert_refused_naming(&log, dir.path(), &["ids reserved up to"]);
@@ -130,14 +124,19 @@ fn an_id_watermark_without_entries_is_a_history_too() {
 fn a_first_start_pins_the_start_in_checkpoint_zero() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
-    // Killed before any checkpoint completed: checkpoint 0 is there.
+    // Killed before any checkpoint completed: every checkpoint sequence has
+    // its checkpoint 0 and nothing else.
     run_killed_at(&config, "source.after_emit:1");
-    let names: Vec<String> = entries(dir.path())
-        .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(names.len(), 1, "{names:?}");
-    assert!(names[0].ends_with("-0"), "{names:?}");
+    let sequences = checkpoint_sequences(&folder(dir.path()));
+    assert_eq!(sequences.len(), 2, "one checkpoint sequence per region: {sequences:?}");
+    for sequence in sequences {
+        let names: Vec<String> = checkpoint_entry_files(&sequence)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1, "{}: {names:?}", sequence.display());
+        assert!(names[0].ends_with("-0"), "{names:?}");
+    }
     run_to_completion(&config);
     let lines = exactly::file::read_committed_lines(&dir.path().join("out")).unwrap();
     assert_eq!(

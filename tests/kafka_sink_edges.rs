@@ -224,23 +224,30 @@ impl Copy {
         );
     }
 
-    /// The latest checkpoint entry.
-    fn latest_entry(&self) -> exactly::core::CheckpointEntry {
+    /// The latest checkpoint entry of every checkpoint sequence (one per
+    /// region).
+    fn latest_entries(&self) -> Vec<exactly::core::CheckpointEntry> {
         let file = exactly::config::PipelineFile::load(&self.config).expect("the pipeline file");
         let store = file.store();
-        exactly::core::CheckpointStore::latest(&store)
-            .expect("reading the checkpoints")
-            .expect("a checkpoint")
+        let folders = checkpoint_sequences(store.dir());
+        folders
+            .iter()
+            .map(|folder| {
+                let region = folder.file_name().unwrap().to_string_lossy().into_owned();
+                let sequence = exactly::core::FsCheckpointStore::new(store.dir(), &region, 3);
+                exactly::core::CheckpointStore::latest(&sequence)
+                    .expect("reading the checkpoints")
+                    .unwrap_or_else(|| panic!("no checkpoint in {}", folder.display()))
+            })
+            .collect()
     }
 
-    /// The committables the latest checkpoint entry lists, for every sink
+    /// The committables the latest checkpoint entries list, for every sink
     /// subtask.
     fn listed_committables(&self) -> Vec<KafkaCommittable> {
-        self.latest_entry()
-            .checkpoint
-            .pending
-            .values()
-            .flatten()
+        self.latest_entries()
+            .iter()
+            .flat_map(|entry| entry.checkpoint.pending.values().flatten().cloned().collect::<Vec<_>>())
             .map(|p| serde_json::from_value(p.committable.clone()).expect("a Kafka committable"))
             .collect()
     }
@@ -353,7 +360,7 @@ fn a_pipeline_stopped_past_the_id_expiration_restarts_cleanly() {
     assert!(
         !listed.is_empty(),
         "the last checkpoint lists the transactions of its interval: {:?}\n{log}",
-        copy.latest_entry()
+        copy.latest_entries()
     );
 
     // Wait until the broker forgot the listed ids.
@@ -522,7 +529,7 @@ fn closed_and_refused_connections_during_recovery_are_retried() {
     assert!(
         !copy.listed_committables().is_empty(),
         "the crash left transactions to commit: {:?}",
-        copy.latest_entry()
+        copy.latest_entries()
     );
 
     let recovery = spawn_with_env(&copy.config, &[("EXACTLY_DELAY_AT", "kafka_sink.before_end_txn=6s")]);

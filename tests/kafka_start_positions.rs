@@ -43,16 +43,14 @@ fn batch(name: &str) -> Vec<String> {
     (0..100).map(|i| format!("{name}-{i}")).collect()
 }
 
-/// Checkpoint entries with an id of at least `min` in the pipeline's folder.
+/// Checkpoint entries with an id of at least `min` in the pipeline's
+/// checkpoint sequences.
 fn entries_from(dir: &Path, min: u64) -> usize {
-    std::fs::read_dir(dir.join("checkpoints").join("latest"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| exactly::core::EntryName::parse(&e.file_name().to_string_lossy()))
-                .filter(|n| n.id.0 >= min)
-                .count()
-        })
-        .unwrap_or(0)
+    checkpoint_entry_files(&dir.join("checkpoints").join("latest"))
+        .iter()
+        .filter_map(|p| exactly::core::EntryName::parse(&p.file_name().unwrap().to_string_lossy()))
+        .filter(|n| n.id.0 >= min)
+        .count()
 }
 
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {

@@ -41,14 +41,7 @@ fn assert_exactly_once(dir: &Path) {
 fn wait_until_running(dir: &Path) {
     let checkpoints = dir.join("checkpoints").join("single");
     for _ in 0..200 {
-        let entries = std::fs::read_dir(&checkpoints)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().contains('-'))
-                    .count()
-            })
-            .unwrap_or(0);
-        if entries > 0 {
+        if !checkpoint_entry_files(&checkpoints).is_empty() {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exactly::core::{
-    CheckpointConfig, CheckpointEntry, CheckpointId, CheckpointStore, ConnectorError, EntryName, ErasedSink,
+    CheckpointConfig, CheckpointEntry, CheckpointId, CheckpointStore, ConnectorError, EntryName, ErasedSink, Failover,
     FsCheckpointStore, Pipeline, PipelineConfig, PipelineError, Record, RestartStrategy, SequenceSourceFactory,
     SinkContext, SinkFactory, StoreError,
 };
@@ -148,7 +148,8 @@ fn assert_exactly_once(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_run_reports_its_counters() {
     let dir = tempfile::tempdir().unwrap();
-    let p = pipeline(dir.path(), faulty(dir.path()), |_| {});
+    // One checkpoint sequence, whose last id the counters report.
+    let p = pipeline(dir.path(), faulty(dir.path()), |c| c.failover = Failover::Global);
     let summary = p.run(std::future::pending()).await.unwrap();
     assert_exactly_once(dir.path());
     let m = summary.metrics;
@@ -265,7 +266,7 @@ async fn shutdown_takes_a_last_checkpoint_and_commits_it() {
 /// A checkpoint store whose write of checkpoint `slow_id` takes `delay`,
 /// and whose clean-up of old entries fails when `fail_prune` is set.
 struct SlowStore {
-    inner: FsCheckpointStore,
+    inner: Arc<dyn CheckpointStore>,
     slow_id: CheckpointId,
     delay: Duration,
     fail_prune: bool,
@@ -305,6 +306,27 @@ impl CheckpointStore for SlowStore {
     fn lock_exclusive(&self) -> Result<exactly::core::store::StoreLock, StoreError> {
         self.inner.lock_exclusive()
     }
+    /// A region's store is slow in the same way.
+    fn region(&self, region: usize) -> Arc<dyn CheckpointStore> {
+        Arc::new(SlowStore {
+            inner: self.inner.region(region),
+            slow_id: self.slow_id,
+            delay: self.delay,
+            fail_prune: self.fail_prune,
+        })
+    }
+    fn regions(&self) -> Result<Vec<usize>, StoreError> {
+        self.inner.regions()
+    }
+    fn layout(&self) -> Result<Option<exactly::core::store::Layout>, StoreError> {
+        self.inner.layout()
+    }
+    fn record_layout(&self, layout: &exactly::core::store::Layout) -> Result<(), StoreError> {
+        self.inner.record_layout(layout)
+    }
+    fn retire(&self, region: Option<usize>) -> Result<(), StoreError> {
+        self.inner.retire(region)
+    }
     fn prune(&self) -> Result<(), StoreError> {
         if self.fail_prune {
             return Err(StoreError::Io {
@@ -328,13 +350,15 @@ async fn a_slow_checkpoint_write_is_waited_for_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = PipelineConfig::new("slow-store");
     config.parallelism = 2;
+    // One checkpoint sequence: one checkpoint 2, one slow write.
+    config.failover = Failover::Global;
     config.checkpoint = CheckpointConfig {
         interval: Duration::from_millis(40),
         timeout: Duration::from_millis(150),
         ..CheckpointConfig::default()
     };
     let store = SlowStore {
-        inner: FsCheckpointStore::new(dir.path().join("checkpoints"), "slow-store", 3),
+        inner: Arc::new(FsCheckpointStore::new(dir.path().join("checkpoints"), "slow-store", 3)),
         slow_id: CheckpointId(2),
         delay: Duration::from_millis(600),
         fail_prune: false,
@@ -370,7 +394,7 @@ async fn a_failing_clean_up_of_old_entries_fails_no_checkpoint() {
     };
     config.restart = RestartStrategy::None;
     let store = SlowStore {
-        inner: FsCheckpointStore::new(dir.path().join("checkpoints"), "no-prune", 1),
+        inner: Arc::new(FsCheckpointStore::new(dir.path().join("checkpoints"), "no-prune", 1)),
         slow_id: CheckpointId(u64::MAX),
         delay: Duration::ZERO,
         fail_prune: true,

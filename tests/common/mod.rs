@@ -308,6 +308,43 @@ pub fn file_sink_into(out: &Path) -> String {
     format!("[sink.file]\ndir = {:?}", out.display().to_string())
 }
 
+/// The folders of every checkpoint sequence of the pipeline whose folder is
+/// `pipeline_dir` (`<checkpoint dir>/<name>`): its `region-<i>` folders in
+/// region failover, the folder itself in global failover.
+pub fn checkpoint_sequences(pipeline_dir: &Path) -> Vec<PathBuf> {
+    let mut regions: Vec<PathBuf> = std::fs::read_dir(pipeline_dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.is_dir()
+                        && p.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("region-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    regions.sort();
+    if regions.is_empty() {
+        vec![pipeline_dir.to_path_buf()]
+    } else {
+        regions
+    }
+}
+
+/// Every checkpoint entry file of the pipeline whose folder is
+/// `pipeline_dir`, in every checkpoint sequence, sorted by path.
+pub fn checkpoint_entry_files(pipeline_dir: &Path) -> Vec<PathBuf> {
+    let mut entries: Vec<PathBuf> = checkpoint_sequences(pipeline_dir)
+        .iter()
+        .flat_map(|folder| std::fs::read_dir(folder).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| exactly::core::EntryName::parse(&p.file_name().unwrap().to_string_lossy()).is_some())
+        .collect();
+    entries.sort();
+    entries
+}
+
 /// The folders of the checkpoint stores of pipeline `name` under
 /// `checkpoints`: the pipeline's folder and every folder inside it (with
 /// failover regions, each region keeps its entries in one of its own).

@@ -1099,6 +1099,12 @@ impl TwoPhaseCommitSink for KafkaSink {
         Ok(committable)
     }
 
+    /// No checkpoint may list a transaction 80 % through its timeout (see
+    /// [`fail_if_near_timeout`](Self::fail_if_near_timeout)).
+    async fn check_pending(&mut self) -> Result<(), ConnectorError> {
+        self.fail_if_near_timeout()
+    }
+
     /// Commits with the producer that wrote the transaction when it still
     /// holds it; otherwise with EndTxn as the recorded producer id and epoch.
     async fn commit(&mut self, c: &KafkaCommittable) -> Result<(), ConnectorError> {

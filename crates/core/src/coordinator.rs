@@ -13,7 +13,7 @@
 //! A checkpoint that is declined or times out is aborted; sinks keep their
 //! pre-committed transactions, which roll into the next checkpoint's state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,12 @@ pub struct CheckpointData {
     pub positions: SplitPositions,
     /// Per sink subtask, the committables to commit on completion or recovery.
     pub pending: BTreeMap<usize, Vec<PendingCommit>>,
+    /// Set in the first entry after a change of the parallelism: the old
+    /// one. The sink subtasks that no longer exist are adopted from it (see
+    /// `SinkContext::adopted`); `pending` is already keyed by the new
+    /// subtasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_parallelism: Option<usize>,
 }
 
 /// Inputs of the state machine.
@@ -139,8 +145,8 @@ struct InFlight {
 #[derive(Debug)]
 pub struct Coordinator {
     config: CheckpointConfig,
-    sources: usize,
-    sinks: usize,
+    /// Every task that must acknowledge a checkpoint.
+    tasks: BTreeSet<TaskId>,
     next_id: CheckpointId,
     in_flight: Option<InFlight>,
     last_completed: Option<CheckpointId>,
@@ -167,10 +173,22 @@ impl Coordinator {
         used: Option<CheckpointId>,
         now_ms: u64,
     ) -> Self {
+        let tasks = (0..sources).map(TaskId::Source).chain((0..sinks).map(TaskId::Sink));
+        Self::for_tasks(config, tasks, restored, used, now_ms)
+    }
+
+    /// Like [`new`](Self::new), for exactly the tasks `tasks` (a region's
+    /// subtasks, keeping their pipeline-wide indices).
+    pub fn for_tasks(
+        config: CheckpointConfig,
+        tasks: impl IntoIterator<Item = TaskId>,
+        restored: Option<CheckpointId>,
+        used: Option<CheckpointId>,
+        now_ms: u64,
+    ) -> Self {
         Coordinator {
             config,
-            sources,
-            sinks,
+            tasks: tasks.into_iter().collect(),
             next_id: restored.max(used).map(CheckpointId::next).unwrap_or(CheckpointId(1)),
             in_flight: None,
             last_completed: restored,
@@ -216,8 +234,8 @@ impl Coordinator {
                 task,
                 state,
             } => {
-                let expected = self.sources + self.sinks;
-                let known = self.is_known(task);
+                let expected = self.tasks.len();
+                let known = self.tasks.contains(&task);
                 if let Some(f) = self.in_flight.as_mut().filter(|f| f.id == checkpoint && !f.persisting) {
                     if known {
                         f.acks.insert(task, state);
@@ -273,13 +291,6 @@ impl Coordinator {
         actions
     }
 
-    fn is_known(&self, task: TaskId) -> bool {
-        match task {
-            TaskId::Source(i) => i < self.sources,
-            TaskId::Sink(i) => i < self.sinks,
-        }
-    }
-
     fn assemble(f: &InFlight) -> CheckpointData {
         let mut data = CheckpointData {
             id: f.id,
@@ -307,7 +318,7 @@ impl Coordinator {
                     "timed out after {} ms with {} of {} acknowledgements",
                     timeout,
                     f.acks.len(),
-                    self.sources + self.sinks
+                    self.tasks.len()
                 );
                 self.abort(reason, Some(now_ms), actions);
             }

@@ -31,10 +31,8 @@ pub use idempotent::{
     WriteAhead, WriteOutcome,
 };
 pub use json::{validate as validate_json, InvalidPointer, JsonPointer};
-pub use metrics::{
-    CheckpointStatsSnapshot, HistogramSnapshot, Metrics, MetricsSnapshot, Readiness, SubtaskSnapshot,
-};
-pub use pipeline::{route, Guarantee, Pipeline, PipelineConfig, RunSummary};
+pub use metrics::{CheckpointStatsSnapshot, HistogramSnapshot, Metrics, MetricsSnapshot, Readiness, SubtaskSnapshot};
+pub use pipeline::{route, Failover, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
 pub use restart::RestartStrategy;
 pub use sink::{

@@ -137,6 +137,20 @@ pub trait TwoPhaseCommitSink: Send + 'static {
     /// leaves behind is cleaned up by the next `recover`.
     async fn abort(&mut self, txn: Self::Transaction) -> Result<(), ConnectorError>;
 
+    /// Called at every checkpoint barrier the subtask acknowledges — after
+    /// `pre_commit`, or alone when the interval had no records — just before
+    /// the acknowledgement lists this subtask's pre-committed transactions
+    /// (again, for those still waiting for an earlier checkpoint). An error
+    /// fails the checkpoint and the attempt; recovery then commits what a
+    /// persisted checkpoint lists and aborts the rest.
+    ///
+    /// The default accepts. A sink whose pre-committed transactions expire
+    /// (Kafka's transaction timeout) refuses once one could no longer be
+    /// committed in time, so no checkpoint lists it any more.
+    async fn check_pending(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
     /// Whether replaying every record after `checkpoint` would duplicate
     /// something this subtask (and the old subtasks it adopts) committed:
     /// asked before `recover` when the runtime would restore `checkpoint`
@@ -235,7 +249,8 @@ pub trait ErasedSink: Send + 'static {
     async fn recover(&mut self, pending: &[serde_json::Value]) -> Result<(), ConnectorError>;
     /// Writes records, opening the transaction for `checkpoint` first if none is open.
     async fn write(&mut self, checkpoint: CheckpointId, batch: &[Record]) -> Result<(), ConnectorError>;
-    /// Pre-commits the open transaction, if any.
+    /// Pre-commits the open transaction, if any, then runs
+    /// [`TwoPhaseCommitSink::check_pending`].
     async fn pre_commit(&mut self) -> Result<Option<serde_json::Value>, ConnectorError>;
     /// See [`TwoPhaseCommitSink::commit`].
     async fn commit(&mut self, committable: &serde_json::Value) -> Result<(), ConnectorError>;
@@ -280,13 +295,14 @@ impl<S: TwoPhaseCommitSink> ErasedSink for Erased<S> {
     }
 
     async fn pre_commit(&mut self) -> Result<Option<serde_json::Value>, ConnectorError> {
-        let Some(txn) = self.open.take() else {
-            return Ok(None);
+        let committable = match self.open.take() {
+            Some(txn) => Some(self.sink.pre_commit(txn).await?),
+            None => None,
         };
-        let committable = self.sink.pre_commit(txn).await?;
-        serde_json::to_value(&committable)
-            .map(Some)
-            .map_err(|e| ConnectorError::fatal("encoding a committable", e))
+        self.sink.check_pending().await?;
+        committable
+            .map(|c| serde_json::to_value(&c).map_err(|e| ConnectorError::fatal("encoding a committable", e)))
+            .transpose()
     }
 
     async fn commit(&mut self, committable: &serde_json::Value) -> Result<(), ConnectorError> {

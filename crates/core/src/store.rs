@@ -15,6 +15,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -207,6 +208,60 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// so two processes never run the same pipeline. A lock must not outlive
     /// its holder (a process that dies, even by SIGKILL, releases it).
     fn lock_exclusive(&self) -> Result<StoreLock, StoreError>;
+
+    /// The store of region `region` of this pipeline (its own entries, id
+    /// watermark and committed-through record; the lock and the layout stay
+    /// with the pipeline's store).
+    fn region(&self, region: usize) -> Arc<dyn CheckpointStore>;
+
+    /// The regions that have a store, lowest first.
+    fn regions(&self) -> Result<Vec<usize>, StoreError>;
+
+    /// How the pipeline's checkpoints are laid out (one global sequence, or
+    /// one per region, and at which parallelism), as last recorded; `None`
+    /// before the first record.
+    fn layout(&self) -> Result<Option<Layout>, StoreError>;
+
+    /// Durably records the layout: the commit point of a change of layout.
+    fn record_layout(&self, layout: &Layout) -> Result<(), StoreError>;
+
+    /// Sets aside what a layout no longer uses (it is renamed, never
+    /// deleted): the entries, id watermark and committed-through record of
+    /// the pipeline's own store (`None`), or the store of region `r`.
+    fn retire(&self, region: Option<usize>) -> Result<(), StoreError>;
+}
+
+/// How a pipeline's checkpoints are laid out: recorded in the pipeline's
+/// folder so a change of failover mode or parallelism is noticed and carried
+/// over (see the runtime's layout changes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// One global checkpoint sequence, or one per region.
+    pub failover: crate::pipeline::Failover,
+    /// The number of source and of sink subtasks.
+    pub parallelism: usize,
+}
+
+impl Layout {
+    /// The checkpoint sequences: `None` for the global one, `Some(r)` for
+    /// each region.
+    pub fn scopes(&self) -> Vec<Option<usize>> {
+        match self.failover {
+            crate::pipeline::Failover::Global => vec![None],
+            crate::pipeline::Failover::Region => (0..self.parallelism).map(Some).collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} failover at parallelism {}",
+            self.failover.as_str(),
+            self.parallelism
+        )
+    }
 }
 
 /// A held [`CheckpointStore::lock_exclusive`]; released when dropped.
@@ -232,6 +287,15 @@ pub const ID_WATERMARK_FILE: &str = "id-watermark";
 /// Name of the file inside a pipeline's folder that holds the highest
 /// checkpoint id whose transactions every sink has committed.
 pub const COMMITTED_THROUGH_FILE: &str = "committed-through";
+
+/// Name of the file inside a pipeline's folder that records its [`Layout`].
+pub const LAYOUT_FILE: &str = "layout";
+
+/// Prefix of a region's folder inside the pipeline's folder.
+pub const REGION_PREFIX: &str = "region-";
+
+/// Prefix of what a layout change set aside, inside the pipeline's folder.
+pub const RETIRED_PREFIX: &str = "retired-";
 
 /// Suffix of a quarantined (unreadable) entry's file name.
 pub const QUARANTINE_SUFFIX: &str = ".unreadable";
@@ -402,6 +466,80 @@ impl CheckpointStore for FsCheckpointStore {
     /// holder's host, pid and start time (read by a refused process). The
     /// kernel releases the lock when the holder's file closes, however the
     /// holder ends.
+    fn region(&self, region: usize) -> Arc<dyn CheckpointStore> {
+        Arc::new(FsCheckpointStore {
+            dir: self.dir.join(format!("{REGION_PREFIX}{region}")),
+            retain: self.retain,
+            committed: Default::default(),
+        })
+    }
+
+    fn regions(&self) -> Result<Vec<usize>, StoreError> {
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(&self.dir)(e)),
+        };
+        let mut regions: Vec<usize> = rd
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix(REGION_PREFIX)?.parse().ok())
+            .collect();
+        regions.sort_unstable();
+        Ok(regions)
+    }
+
+    fn layout(&self) -> Result<Option<Layout>, StoreError> {
+        let path = self.dir.join(LAYOUT_FILE);
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| StoreError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    fn record_layout(&self, layout: &Layout) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec_pretty(layout).expect("a layout serializes");
+        self.write_atomically(LAYOUT_FILE, &bytes)
+    }
+
+    fn retire(&self, region: Option<usize>) -> Result<(), StoreError> {
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        match region {
+            Some(r) => {
+                let from = self.dir.join(format!("{REGION_PREFIX}{r}"));
+                if from.exists() {
+                    let to = self.dir.join(format!("{RETIRED_PREFIX}{stamp}-{REGION_PREFIX}{r}"));
+                    fs::rename(&from, &to).map_err(io_err(&from))?;
+                }
+            }
+            None => {
+                let to = self.dir.join(format!("{RETIRED_PREFIX}{stamp}-global"));
+                let mut moved = CheckpointStore::list(self)?
+                    .into_iter()
+                    .map(|n| n.file_name)
+                    .collect::<Vec<_>>();
+                moved.extend([ID_WATERMARK_FILE.to_string(), COMMITTED_THROUGH_FILE.to_string()]);
+                for name in moved {
+                    let from = self.dir.join(&name);
+                    if from.exists() {
+                        fs::create_dir_all(&to).map_err(io_err(&to))?;
+                        fs::rename(&from, to.join(&name)).map_err(io_err(&from))?;
+                    }
+                }
+            }
+        }
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))
+    }
+
     fn lock_exclusive(&self) -> Result<StoreLock, StoreError> {
         use std::io::{Read, Seek};
         use std::os::fd::AsRawFd;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exactly_core::{
-    erase, CheckpointConfig, CheckpointId, CheckpointStore, ConnectorError, ErasedSink, FsCheckpointStore, Pipeline,
-    PipelineConfig, Record, SequenceSourceFactory, SinkContext, SinkFactory, TwoPhaseCommitSink,
+    erase, CheckpointConfig, CheckpointId, CheckpointStore, ConnectorError, ErasedSink, Failover, FsCheckpointStore,
+    Pipeline, PipelineConfig, Record, SequenceSourceFactory, SinkContext, SinkFactory, TwoPhaseCommitSink,
 };
 
 /// What every `recover` of the sink was given, per call.
@@ -65,6 +65,8 @@ impl SinkFactory for RecordingFactory {
 
 fn pipeline(root: &std::path::Path, recoveries: &Recoveries) -> (Pipeline, FsCheckpointStore) {
     let mut config = PipelineConfig::new("committed");
+    // The store's own folder holds the one checkpoint sequence.
+    config.failover = Failover::Global;
     // No checkpoint before the source ends: the final one holds every
     // record, so it lists a transaction to commit.
     config.checkpoint = CheckpointConfig {

@@ -13,6 +13,13 @@
 //! - after the faults stop, every transaction listed by a completed checkpoint is
 //!   committed, and every pre-committed transaction ends committed or aborted;
 //! - checkpoint ids only grow.
+//!
+//! And with several regions, each driven by a coordinator of its own over
+//! its own subtasks (with their pipeline-wide indices) and failing over
+//! alone: a region's transactions are committed only after that region's
+//! checkpoint listing them was persisted, a coordinator never counts another
+//! region's acknowledgement, and a crash of one region never commits, aborts
+//! or rolls back another region's transactions.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -52,10 +59,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The whole simulated system.
+/// The whole simulated system (or one region of it).
 struct World {
-    sources: usize,
-    sinks: usize,
+    /// Pipeline-wide indices of its source and sink subtasks.
+    sources: Vec<usize>,
+    sinks: Vec<usize>,
     now: u64,
     coordinator: Coordinator,
     /// Barrier deliveries still to happen: (checkpoint, task).
@@ -64,7 +72,7 @@ struct World {
     persisting: Option<CheckpointData>,
     /// Completion notifications still to deliver: (checkpoint, sink).
     notifications: VecDeque<(CheckpointId, usize)>,
-    ledgers: Vec<CommitLedger<u64>>,
+    ledgers: BTreeMap<usize, CommitLedger<u64>>,
     /// The durable checkpoint store.
     persisted: BTreeMap<CheckpointId, CheckpointData>,
     /// Every transaction ever pre-committed: id → (checkpoint, sink).
@@ -88,24 +96,39 @@ fn config() -> CheckpointConfig {
 
 impl World {
     fn new(sources: usize, sinks: usize) -> Self {
+        Self::with_tasks((0..sources).collect(), (0..sinks).collect(), 0)
+    }
+
+    /// Region `r` of a forward-chain pipeline: source `r` and sink `r`;
+    /// its transaction ids start at `r << 32` so regions never share one.
+    fn region(r: usize) -> Self {
+        Self::with_tasks(vec![r], vec![r], (r as u64) << 32)
+    }
+
+    fn with_tasks(sources: Vec<usize>, sinks: Vec<usize>, first_txn: u64) -> Self {
         World {
+            coordinator: Coordinator::for_tasks(config(), Self::task_ids(&sources, &sinks), None, None, 0),
+            ledgers: sinks.iter().map(|&s| (s, CommitLedger::new())).collect(),
             sources,
             sinks,
             now: 0,
-            coordinator: Coordinator::new(config(), sources, sinks, None, None, 0),
             barriers: VecDeque::new(),
             last_ack: None,
             persisting: None,
             notifications: VecDeque::new(),
-            ledgers: (0..sinks).map(|_| CommitLedger::new()).collect(),
             persisted: BTreeMap::new(),
             prepared: BTreeMap::new(),
             committed: BTreeSet::new(),
             aborted: BTreeSet::new(),
-            next_txn: 0,
+            next_txn: first_txn,
             last_triggered: None,
             restored: None,
         }
+    }
+
+    fn task_ids(sources: &[usize], sinks: &[usize]) -> Vec<TaskId> {
+        let sources = sources.iter().map(|&i| TaskId::Source(i));
+        sources.chain(sinks.iter().map(|&i| TaskId::Sink(i))).collect()
     }
 
     fn feed(&mut self, event: Event) {
@@ -120,19 +143,24 @@ impl World {
                     }
                     self.last_triggered = Some(checkpoint);
                     // Barriers reach tasks in order, per task.
-                    for i in 0..self.sources {
+                    for &i in &self.sources {
                         self.barriers.push_back((checkpoint, TaskId::Source(i)));
                     }
-                    for i in 0..self.sinks {
+                    for &i in &self.sinks {
                         self.barriers.push_back((checkpoint, TaskId::Sink(i)));
                     }
                 }
                 Action::Persist { data } => {
                     assert!(self.persisting.is_none(), "one checkpoint in flight");
+                    let listed: Vec<usize> = data.pending.keys().copied().collect();
+                    assert_eq!(
+                        listed, self.sinks,
+                        "a checkpoint holds exactly its own sinks' acknowledgements"
+                    );
                     self.persisting = Some(data);
                 }
                 Action::Complete { checkpoint } => {
-                    for i in 0..self.sinks {
+                    for &i in &self.sinks {
                         self.notifications.push_back((checkpoint, i));
                     }
                 }
@@ -208,11 +236,11 @@ impl World {
                     if has_data {
                         let txn = self.next_txn;
                         self.next_txn += 1;
-                        self.ledgers[s].add(checkpoint, txn);
+                        self.ledgers.get_mut(&s).unwrap().add(checkpoint, txn);
                         self.prepared.insert(txn, (checkpoint, s));
                     }
                     let state = TaskState::Sink(
-                        self.ledgers[s]
+                        self.ledgers[&s]
                             .entries()
                             .into_iter()
                             .map(|(checkpoint, t)| PendingCommit {
@@ -239,7 +267,7 @@ impl World {
             }
             Op::Decline { pick } => {
                 if let Some(checkpoint) = self.coordinator.in_flight() {
-                    let task = TaskId::Sink(pick as usize % self.sinks);
+                    let task = TaskId::Sink(self.sinks[pick as usize % self.sinks.len()]);
                     self.feed(Event::Decline {
                         checkpoint,
                         task,
@@ -273,9 +301,13 @@ impl World {
                         self.notifications.remove(i);
                     }
                     if !lose {
-                        for (cp, txn) in self.ledgers[s].due(checkpoint) {
+                        let ledger = self.ledgers.get_mut(&s).unwrap();
+                        let due = ledger.due(checkpoint);
+                        for (cp, _) in &due {
+                            ledger.mark_committed(*cp);
+                        }
+                        for (cp, txn) in due {
                             self.commit(txn, cp);
-                            self.ledgers[s].mark_committed(cp);
                         }
                     }
                 }
@@ -292,7 +324,7 @@ impl World {
         self.last_ack = None;
         let latest = self.persisted.values().next_back().cloned();
         let restored = latest.as_ref().map(|d| d.id);
-        for s in 0..self.sinks {
+        for s in self.sinks.clone() {
             let listed: Vec<u64> = latest
                 .as_ref()
                 .and_then(|d| d.pending.get(&s))
@@ -313,7 +345,7 @@ impl World {
                     self.aborted.insert(*txn);
                 }
             }
-            self.ledgers[s] = CommitLedger::new();
+            self.ledgers.insert(s, CommitLedger::new());
         }
         for txn in &self.committed {
             let (cp, _) = self.prepared[txn];
@@ -323,10 +355,9 @@ impl World {
             );
         }
         // The store's id watermark covers every id ever triggered.
-        self.coordinator = Coordinator::new(
+        self.coordinator = Coordinator::for_tasks(
             config(),
-            self.sources,
-            self.sinks,
+            Self::task_ids(&self.sources, &self.sinks),
             restored,
             self.last_triggered,
             self.now,
@@ -372,7 +403,7 @@ impl World {
             self.coordinator.last_completed() > start,
             "no checkpoint completed once faults stopped"
         );
-        for (s, l) in self.ledgers.iter().enumerate() {
+        for (s, l) in &self.ledgers {
             assert!(
                 l.is_empty(),
                 "sink {s} still has pending transactions: {:?}",
@@ -408,5 +439,48 @@ proptest! {
             world.apply(op);
         }
         world.settle();
+    }
+}
+
+/// What one region's history looks like from outside: everything other
+/// regions may never change.
+fn outcome(world: &World) -> (BTreeSet<u64>, BTreeSet<u64>, Vec<CheckpointId>) {
+    (
+        world.committed.clone(),
+        world.aborted.clone(),
+        world.persisted.keys().copied().collect(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn regions_checkpoint_and_fail_over_alone(
+        regions in 2usize..=4,
+        ops in prop::collection::vec((any::<u8>(), op(), any::<u8>()), 0..400),
+    ) {
+        let mut worlds: Vec<World> = (0..regions).map(World::region).collect();
+        for (pick, op, stray) in ops {
+            let r = pick as usize % regions;
+            let others: Vec<_> = (0..regions).filter(|o| *o != r).map(|o| outcome(&worlds[o])).collect();
+            worlds[r].apply(op);
+            // An acknowledgement of another region's sink reaching this
+            // region's coordinator must not count towards its checkpoint.
+            let foreign = (r + 1 + stray as usize % (regions - 1)) % regions;
+            if let Some(checkpoint) = worlds[r].coordinator.in_flight() {
+                let event = Event::Ack {
+                    checkpoint,
+                    task: TaskId::Sink(foreign),
+                    state: TaskState::Sink(Vec::new()),
+                };
+                worlds[r].feed(event);
+            }
+            let after: Vec<_> = (0..regions).filter(|o| *o != r).map(|o| outcome(&worlds[o])).collect();
+            prop_assert_eq!(others, after, "an operation of region {} changed another region", r);
+        }
+        for world in &mut worlds {
+            world.settle();
+        }
     }
 }

@@ -6,6 +6,32 @@ use crate::metrics::MetricsSnapshot;
 use crate::record::CheckpointId;
 use crate::restart::RestartStrategy;
 
+/// What a failure restarts, and so which subtasks checkpoint together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Failover {
+    /// Forward chains: source subtask `i` feeds sink subtask `i` only, and
+    /// every such pair is a region with its own checkpoints (in
+    /// `<dir>/<pipeline>/region-<i>/`), commits and restarts; a failure
+    /// restarts its region alone while the others go on.
+    #[default]
+    Region,
+    /// One region of every subtask: records are spread over the sink
+    /// subtasks by split, every sink aligns the barriers of every source, and
+    /// a failure anywhere restarts everything.
+    Global,
+}
+
+impl Failover {
+    /// `region` / `global`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Failover::Region => "region",
+            Failover::Global => "global",
+        }
+    }
+}
+
 /// The delivery guarantee of a pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -52,6 +78,8 @@ pub struct PipelineConfig {
     pub guarantee: Guarantee,
     /// Source and sink subtasks.
     pub parallelism: usize,
+    /// Regions (the default) or one global region.
+    pub failover: Failover,
     /// Checkpoint timing.
     pub checkpoint: CheckpointConfig,
     /// What to do after a failure.
@@ -83,6 +111,7 @@ impl PipelineConfig {
             name: name.into(),
             guarantee: Guarantee::ExactlyOnce,
             parallelism: 1,
+            failover: Failover::default(),
             checkpoint: CheckpointConfig::default(),
             restart: RestartStrategy::default(),
             batch_size: 500,
@@ -118,8 +147,12 @@ impl PipelineConfig {
 /// What a finished run reports.
 #[derive(Clone, Debug)]
 pub struct RunSummary {
-    /// The last checkpoint completed and committed.
+    /// The last checkpoint completed and committed (with regions: the
+    /// lowest of the regions' last checkpoints).
     pub last_checkpoint: Option<CheckpointId>,
+    /// Per region, its last completed checkpoint (one entry, region 0, in
+    /// global failover).
+    pub regions: Vec<Option<CheckpointId>>,
     /// Counters at the end.
     pub metrics: MetricsSnapshot,
 }

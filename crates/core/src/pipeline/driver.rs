@@ -1,15 +1,17 @@
-//! Step 3 of an attempt: drive the [`Coordinator`] with the subtasks'
-//! reports and the clock, and carry out its actions — trigger barriers,
-//! persist checkpoints, tell sinks to commit — until the final checkpoint is
-//! committed or something fails.
+//! Step 3 of an attempt of a region: drive the region's [`Coordinator`] with
+//! its subtasks' reports and the clock, and carry out its actions — trigger
+//! barriers, persist checkpoints in the region's store, tell sinks to
+//! commit — until the final checkpoint is committed or something fails.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 
 use super::messages::{Report, SourceCommand};
+use super::region::Region;
 use super::wiring::Wired;
-use super::{AttemptFailure, Pipeline, RunSummary};
+use super::{AttemptFailure, Pipeline};
 use crate::coordinator::{Action, Coordinator, Event};
 use crate::error::{ConnectorError, PipelineError, StoreError};
 use crate::fault;
@@ -40,19 +42,21 @@ enum Wake {
 /// The state of one attempt's coordination.
 pub(super) struct Driver<'p> {
     pipeline: &'p Pipeline,
+    region: &'p Region,
     wired: Wired,
     coordinator: Coordinator,
     started: Instant,
     /// The highest checkpoint id reserved in the store.
     reserved: Option<CheckpointId>,
-    finished_sources: Vec<bool>,
+    /// Per source subtask: it has finished (or stopped).
+    finished_sources: BTreeMap<usize, bool>,
     stopping: bool,
     /// A final checkpoint was asked for (sources finished or shutdown).
     want_final: bool,
     final_id: Option<CheckpointId>,
     final_completed: bool,
     /// Per sink subtask: everything pending up to this id is committed.
-    committed_upto: Vec<CheckpointId>,
+    committed_upto: BTreeMap<usize, CheckpointId>,
     /// The latest `committed_upto` minimum handed to the store, and the
     /// write that records it.
     recorded_committed: CheckpointId,
@@ -68,24 +72,30 @@ impl<'p> Driver<'p> {
     /// start) with ids reserved up to `reserved`.
     pub(super) fn new(
         pipeline: &'p Pipeline,
+        region: &'p Region,
         wired: Wired,
         restored: Option<CheckpointId>,
         reserved: Option<CheckpointId>,
     ) -> Driver<'p> {
-        let p = pipeline.config.parallelism;
-        let coordinator = Coordinator::new(pipeline.config.checkpoint.clone(), p, p, restored, reserved, 0);
+        let config = pipeline.config.checkpoint.clone();
+        let coordinator = Coordinator::for_tasks(config, region.tasks(), restored, reserved, 0);
         Driver {
             pipeline,
+            region,
             wired,
             coordinator,
             started: Instant::now(),
             reserved,
-            finished_sources: vec![false; p],
+            finished_sources: region.sources.iter().map(|&i| (i, false)).collect(),
             stopping: false,
             want_final: false,
             final_id: None,
             final_completed: false,
-            committed_upto: vec![restored.unwrap_or_default(); p],
+            committed_upto: region
+                .sinks
+                .iter()
+                .map(|&i| (i, restored.unwrap_or_default()))
+                .collect(),
             recorded_committed: restored.unwrap_or_default(),
             recording: None,
             triggered_at: None,
@@ -99,12 +109,12 @@ impl<'p> Driver<'p> {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Coordinates until the final checkpoint is committed (`Ok`) or the
-    /// attempt fails.
+    /// Coordinates until the final checkpoint is committed (`Ok` with the
+    /// last completed checkpoint) or the attempt fails.
     pub(super) async fn run(
         mut self,
         mut stop: tokio::sync::watch::Receiver<bool>,
-    ) -> Result<RunSummary, AttemptFailure> {
+    ) -> Result<Option<CheckpointId>, AttemptFailure> {
         let interval = self.pipeline.config.checkpoint.interval;
         let mut ticker = tokio::time::interval(Duration::from_millis(10).min(interval));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -118,7 +128,7 @@ impl<'p> Driver<'p> {
                 }
             };
             let events = self.on_wake(wake)?;
-            if !self.want_final && self.finished_sources.iter().all(|f| *f) {
+            if !self.want_final && self.finished_sources.values().all(|f| *f) {
                 info!("all sources finished: taking the final checkpoint");
                 self.want_final = true;
                 self.coordinator.handle(Event::RequestCheckpoint);
@@ -128,8 +138,8 @@ impl<'p> Driver<'p> {
                     self.apply(action).await?;
                 }
             }
-            if let Some(summary) = self.finished().await {
-                return Ok(summary);
+            if let Some(last) = self.finished().await {
+                return Ok(last);
             }
         }
     }
@@ -139,9 +149,7 @@ impl<'p> Driver<'p> {
         let now_ms = self.now_ms();
         Ok(match wake {
             Wake::Tick => {
-                if let Some(write) = self.writing.as_mut() {
-                    self.pipeline.report_if_slow(write);
-                }
+                self.report_if_slow();
                 vec![Event::Tick { now_ms }]
             }
             Wake::Panicked(joined) => {
@@ -164,15 +172,16 @@ impl<'p> Driver<'p> {
                 state,
             }],
             Wake::Report(Report::SourceFinished(i)) => {
-                self.finished_sources[i] = true;
+                self.finished_sources.insert(i, true);
                 vec![]
             }
             Wake::Report(Report::Committed(i, id)) => {
-                self.committed_upto[i] = self.committed_upto[i].max(id);
-                let through = *self.committed_upto.iter().min().expect("at least one sink");
+                let upto = self.committed_upto.entry(i).or_default();
+                *upto = (*upto).max(id);
+                let through = *self.committed_upto.values().min().expect("at least one sink");
                 if through > self.recorded_committed {
                     self.recorded_committed = through;
-                    self.recording = Some(self.pipeline.record_committed(through));
+                    self.recording = Some(self.record_committed(through));
                 }
                 vec![]
             }
@@ -204,7 +213,7 @@ impl<'p> Driver<'p> {
             Action::Trigger { checkpoint } => self.trigger(checkpoint).await?,
             Action::Persist { data } => {
                 let entry = CheckpointEntry::new(self.pipeline.descriptor(), data);
-                let store = self.pipeline.store.clone();
+                let store = self.region.store.clone();
                 let tx = self.wired.report_tx.clone();
                 let metrics = self.pipeline.metrics.clone();
                 let id = entry.checkpoint.id;
@@ -222,7 +231,7 @@ impl<'p> Driver<'p> {
                     }
                     let _ = tx.send(Report::Persisted(id, result));
                 });
-                *self.pipeline.persisting.lock().unwrap_or_else(|e| e.into_inner()) = Some(write);
+                self.region.writing(write);
                 self.writing = Some(CheckpointWrite {
                     checkpoint: id,
                     started: Instant::now(),
@@ -281,7 +290,7 @@ impl<'p> Driver<'p> {
     async fn trigger(&mut self, checkpoint: CheckpointId) -> Result<(), AttemptFailure> {
         if self.reserved.is_none_or(|r| checkpoint > r) {
             let upto = CheckpointId(checkpoint.0 + ID_RESERVATION_BLOCK);
-            let store = self.pipeline.store.clone();
+            let store = self.region.store.clone();
             tokio::task::spawn_blocking(move || store.reserve_ids(upto))
                 .await
                 .expect("checkpoint store task panicked")
@@ -302,9 +311,9 @@ impl<'p> Driver<'p> {
     /// Once the final checkpoint completed and every sink committed it:
     /// stops the subtasks, waits for the record of the commits, and returns
     /// the summary.
-    async fn finished(&mut self) -> Option<RunSummary> {
+    async fn finished(&mut self) -> Option<Option<CheckpointId>> {
         let id = self.final_id.filter(|_| self.final_completed)?;
-        if self.committed_upto.iter().any(|c| *c < id) {
+        if self.committed_upto.values().any(|c| *c < id) {
             return None;
         }
         info!(checkpoint = %id, "final checkpoint committed; stopping");
@@ -312,29 +321,27 @@ impl<'p> Driver<'p> {
         if let Some(recording) = self.recording.take() {
             let _ = recording.await;
         }
-        Some(RunSummary {
-            last_checkpoint: self.last_completed,
-            metrics: self.pipeline.metrics.snapshot(),
-        })
+        Some(self.last_completed)
     }
-}
 
-impl Pipeline {
     /// Counts (once) and logs (every checkpoint timeout) a write that has
     /// run longer than the checkpoint timeout.
-    fn report_if_slow(&self, write: &mut CheckpointWrite) {
-        let timeout = self.config.checkpoint.timeout;
+    fn report_if_slow(&mut self) {
+        let Some(write) = self.writing.as_mut() else {
+            return;
+        };
+        let timeout = self.pipeline.config.checkpoint.timeout;
         if write.last_report.unwrap_or(write.started).elapsed() < timeout {
             return;
         }
         if write.last_report.is_none() {
-            self.metrics.slow_persist();
+            self.pipeline.metrics.slow_persist();
         }
         write.last_report = Some(Instant::now());
         warn!(
             checkpoint = %write.checkpoint,
             waited_s = write.started.elapsed().as_secs(),
-            store = %self.store.location(),
+            store = %self.region.store.location(),
             "checkpoint still being written after the checkpoint timeout: nothing commits until the write \
              finishes; check the checkpoint store's disk or mount"
         );
@@ -344,7 +351,7 @@ impl Pipeline {
     /// everything pending up to `id`. A failure is only logged: the record
     /// spares a later recovery work, and without it recovery asks the sinks.
     fn record_committed(&self, id: CheckpointId) -> tokio::task::JoinHandle<()> {
-        let store = self.store.clone();
+        let store = self.region.store.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(error) = store.record_committed(id) {
                 warn!(checkpoint = %id, %error, "could not record that the checkpoint's transactions are committed");

@@ -7,15 +7,24 @@
 //! one sink subtask in order and every sink subtask has `parallelism` inputs whose
 //! barriers it aligns (exactly-once) or merely counts (at-least-once).
 //!
-//! An attempt runs in three steps, one file each: [`restore`] (the latest
-//! complete checkpoint; sinks recover, sources seek), [`wiring`] (channels and
-//! subtasks: [`source_task`], [`sink_task`]) and [`driver`] (the coordinator's
-//! events and actions). [`Pipeline::run`] restarts failed attempts under the
-//! restart strategy.
+//! Subtasks that exchange records form a [`region`]: in region failover (the
+//! default) source subtask `i` feeds sink subtask `i` only, and every such
+//! forward chain checkpoints, commits and restarts on its own; in global
+//! failover records go to sink `hash(split) % parallelism` and every
+//! subtask is in one region. [`layout`] keeps the checkpoint folder in the
+//! configured shape. An attempt of a region runs in three steps, one file
+//! each: [`restore`] (the latest complete checkpoint, or [`history`] when it
+//! cannot be read in full; sinks recover, sources seek), [`wiring`] (channels
+//! and subtasks: [`source_task`], [`sink_task`]) and [`driver`] (the
+//! coordinator's events and actions). [`Pipeline::run`] restarts a failed
+//! region under the restart strategy while the others go on.
 
 mod config;
 mod driver;
+mod history;
+mod layout;
 mod messages;
+mod region;
 mod restore;
 mod routing;
 mod sink_task;
@@ -27,7 +36,7 @@ use std::sync::Arc;
 
 use tracing::{error, info, info_span, warn, Instrument};
 
-pub use config::{Guarantee, PipelineConfig, RunSummary};
+pub use config::{Failover, Guarantee, PipelineConfig, RunSummary};
 pub use routing::route;
 
 use crate::error::{ConnectorError, PipelineError, StoreError};
@@ -43,10 +52,6 @@ pub struct Pipeline {
     sink: Arc<dyn SinkFactory>,
     store: Arc<dyn CheckpointStore>,
     metrics: Arc<Metrics>,
-    /// A checkpoint write still running when its attempt failed. The next
-    /// attempt waits for it before reading the store, so it never restores an
-    /// older checkpoint while a newer one is landing.
-    persisting: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// Why an attempt ended, and whether another may follow.
@@ -74,7 +79,6 @@ impl Pipeline {
             sink,
             store,
             metrics: Arc::new(Metrics::default()),
-            persisting: std::sync::Mutex::new(None),
         })
     }
 
@@ -95,16 +99,18 @@ impl Pipeline {
     }
 
     /// Runs until the sources are finished (bounded sources) or `shutdown`
-    /// resolves, then takes a last checkpoint, commits it and returns. Failures
-    /// restart the pipeline from the latest complete checkpoint according to the
-    /// restart strategy.
+    /// resolves, then takes a last checkpoint in every region, commits it and
+    /// returns. A failure restarts its region from the region's latest
+    /// complete checkpoint according to the restart strategy (counted per
+    /// region) while the other regions go on; a fatal error, data loss or
+    /// exhausted restarts in any region stop every region (each takes a last
+    /// checkpoint) and end the run with that error.
     ///
     /// The pipeline's exclusive lock (see
     /// [`CheckpointStore::lock_exclusive`]) is held for the whole run: while
     /// another process runs the same pipeline, this fails at once with
     /// [`StoreError::Locked`] naming it, touching nothing.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<RunSummary, PipelineError> {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let span = info_span!("pipeline", name = %self.config.name);
         let store = self.store.clone();
         let _lock = tokio::task::spawn_blocking(move || store.lock_exclusive())
@@ -114,42 +120,79 @@ impl Pipeline {
                 pipeline: self.config.name.clone(),
                 source: Box::new(e),
             })?;
-        let runner = async {
+        let regions = self.prepare_layout().instrument(span.clone()).await?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let runners = futures_util::future::join_all(
+            regions
+                .iter()
+                .map(|region| self.run_region(region, stop_rx.clone(), &stop_tx)),
+        )
+        .instrument(span);
+        tokio::pin!(runners);
+        let results = tokio::select! {
+            results = &mut runners => results,
+            _ = shutdown => {
+                info!(pipeline = %self.config.name, "shutdown requested: taking a last checkpoint");
+                let _ = stop_tx.send(true);
+                runners.await
+            }
+        };
+        let mut last = Vec::with_capacity(results.len());
+        for result in results {
+            last.push(result?);
+        }
+        Ok(RunSummary {
+            last_checkpoint: last.iter().copied().min().flatten(),
+            regions: last,
+            metrics: self.metrics.snapshot(),
+        })
+    }
+
+    /// Runs one region until its last checkpoint is committed, restarting
+    /// failed attempts; a failure that ends the region also asks every other
+    /// region to stop (`stop_all`).
+    async fn run_region(
+        &self,
+        region: &region::Region,
+        stop: tokio::sync::watch::Receiver<bool>,
+        stop_all: &tokio::sync::watch::Sender<bool>,
+    ) -> Result<Option<crate::record::CheckpointId>, PipelineError> {
+        let span = match region.index {
+            Some(r) => info_span!("region", region = r),
+            None => info_span!("region", region = "global"),
+        };
+        let result = async {
             let mut attempt = 0u32;
             loop {
-                match self.run_attempt(stop_rx.clone()).await {
-                    Ok(summary) => return Ok(summary),
+                match self.run_attempt(region, stop.clone()).await {
+                    Ok(last) => return Ok(last),
                     Err(failure) => {
                         if !failure.retriable {
-                            error!(error = %failure.error, "pipeline failed; not retriable");
+                            error!(error = %failure.error, region = %region.label(), "failed; not retriable");
                             return Err(failure.error);
                         }
                         attempt = if failure.made_progress { 1 } else { attempt + 1 };
                         let Some(delay) = self.config.restart.delay(attempt) else {
-                            error!(error = %failure.error, attempt, "pipeline failed; restart strategy gives up");
+                            error!(error = %failure.error, attempt, region = %region.label(), "failed; restart strategy gives up");
                             return Err(PipelineError::RestartsExhausted {
                                 pipeline: self.config.name.clone(),
                                 attempts: attempt - 1,
                                 last: failure.error.to_string(),
                             });
                         };
-                        warn!(error = %failure.error, attempt, ?delay, "pipeline failed; restarting from the latest complete checkpoint");
+                        warn!(error = %failure.error, attempt, ?delay, region = %region.label(), "failed; restarting from its latest complete checkpoint");
                         self.metrics.restarted();
                         tokio::time::sleep(delay).await;
                     }
                 }
             }
         }
-        .instrument(span);
-        tokio::pin!(runner);
-        tokio::select! {
-            r = &mut runner => r,
-            _ = shutdown => {
-                info!(pipeline = %self.config.name, "shutdown requested: taking a last checkpoint");
-                let _ = stop_tx.send(true);
-                runner.await
-            }
+        .instrument(span)
+        .await;
+        if result.is_err() {
+            let _ = stop_all.send(true);
         }
+        result
     }
 
     fn fail(&self, retriable: bool, made_progress: bool, error: PipelineError) -> AttemptFailure {
@@ -183,14 +226,18 @@ impl Pipeline {
         )
     }
 
-    /// One attempt: restore, wire, drive.
-    async fn run_attempt(&self, stop: tokio::sync::watch::Receiver<bool>) -> Result<RunSummary, AttemptFailure> {
-        let mut restored = self.restore().await?;
-        let sinks = self.recover_sinks(&restored).await?;
-        let mut sources = self.restore_sources(&restored).await?;
-        self.pin_start(&mut restored, &mut sources).await?;
-        let wired = self.wire(sinks, sources, restored.base());
-        driver::Driver::new(self, wired, restored.id(), restored.reserved)
+    /// One attempt of a region: restore, wire, drive.
+    async fn run_attempt(
+        &self,
+        region: &region::Region,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Option<crate::record::CheckpointId>, AttemptFailure> {
+        let mut restored = self.restore(region).await?;
+        let sinks = self.recover_sinks(region, &restored).await?;
+        let mut sources = self.restore_sources(region, &restored).await?;
+        self.pin_start(region, &mut restored, &mut sources).await?;
+        let wired = self.wire(region, sinks, sources, restored.base());
+        driver::Driver::new(self, region, wired, restored.id(), restored.reserved)
             .run(stop)
             .await
     }

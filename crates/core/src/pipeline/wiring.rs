@@ -1,17 +1,19 @@
-//! Step 2 of an attempt: connect the recovered subtasks with channels and
-//! start them.
+//! Step 2 of an attempt of a region: connect its recovered subtasks with
+//! channels and start them.
 //!
-//! One bounded channel per (source, sink) pair, so a sink that holds back an
-//! aligned input back-pressures exactly that source; unbounded control
-//! channels from the driver to every subtask, and one report channel back.
+//! One bounded channel per (source, sink) pair of the region, so a sink that
+//! holds back an aligned input back-pressures exactly that source (a forward
+//! chain has one pair and nothing to align); unbounded control channels from
+//! the driver to every subtask, and one report channel back.
 
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tracing::{info_span, Instrument};
+use tracing::{info_span, Instrument, Span};
 
 use super::messages::{Report, SourceCommand};
+use super::region::Region;
 use super::sink_task::SinkTask;
 use super::source_task::SourceTask;
 use super::Pipeline;
@@ -32,20 +34,22 @@ pub(super) struct Wired {
 }
 
 impl Pipeline {
-    /// Starts the subtasks; the first checkpoint they see is `base + 1`.
+    /// Starts the region's subtasks; the first checkpoint they see is
+    /// `base + 1`.
     pub(super) fn wire(
         &self,
-        sinks: Vec<Box<dyn ErasedSink>>,
-        sources: Vec<Box<dyn Source>>,
+        region: &Region,
+        sinks: Vec<(usize, Box<dyn ErasedSink>)>,
+        sources: Vec<(usize, Box<dyn Source>)>,
         base: CheckpointId,
     ) -> Wired {
-        let p = self.config.parallelism;
+        let (n_sources, n_sinks) = (sources.len(), sinks.len());
         let (report_tx, reports) = mpsc::unbounded_channel::<Report>();
         let mut tasks = JoinSet::new();
-        let mut source_outputs: Vec<Vec<_>> = (0..p).map(|_| Vec::with_capacity(p)).collect();
-        let mut sink_controls = Vec::with_capacity(p);
-        for (i, sink) in sinks.into_iter().enumerate() {
-            let mut inputs = Vec::with_capacity(p);
+        let mut source_outputs: Vec<Vec<_>> = (0..n_sources).map(|_| Vec::with_capacity(n_sinks)).collect();
+        let mut sink_controls = Vec::with_capacity(n_sinks);
+        for (i, sink) in sinks {
+            let mut inputs = Vec::with_capacity(n_sources);
             for outputs in &mut source_outputs {
                 let (tx, rx) = mpsc::channel(self.config.channel_capacity);
                 outputs.push(tx);
@@ -57,15 +61,15 @@ impl Pipeline {
                 i,
                 sink,
                 self.config.guarantee,
-                p,
+                n_sources,
                 base,
                 report_tx.clone(),
                 self.metrics.clone(),
             );
-            tasks.spawn(task.run(inputs, control).instrument(info_span!("sink", subtask = i)));
+            tasks.spawn(task.run(inputs, control).instrument(subtask_span(region, "sink", i)));
         }
-        let mut source_controls = Vec::with_capacity(p);
-        for ((i, source), outputs) in sources.into_iter().enumerate().zip(source_outputs) {
+        let mut source_controls = Vec::with_capacity(n_sources);
+        for ((i, source), outputs) in sources.into_iter().zip(source_outputs) {
             let (control_tx, control) = mpsc::unbounded_channel();
             source_controls.push(control_tx);
             let task = SourceTask::new(
@@ -76,7 +80,7 @@ impl Pipeline {
                 report_tx.clone(),
                 self.metrics.clone(),
             );
-            tasks.spawn(task.run(control).instrument(info_span!("source", subtask = i)));
+            tasks.spawn(task.run(control).instrument(subtask_span(region, "source", i)));
         }
         Wired {
             tasks,
@@ -85,5 +89,15 @@ impl Pipeline {
             source_controls,
             sink_controls,
         }
+    }
+}
+
+/// The span of subtask `i` (`sink` or `source`), with its region.
+fn subtask_span(region: &Region, kind: &str, i: usize) -> Span {
+    match (kind, region.index) {
+        ("sink", Some(r)) => info_span!("sink", subtask = i, region = r),
+        ("sink", None) => info_span!("sink", subtask = i),
+        (_, Some(r)) => info_span!("source", subtask = i, region = r),
+        (_, None) => info_span!("source", subtask = i),
     }
 }

@@ -1,0 +1,146 @@
+//! A region's checkpoint history that cannot be read in full: no readable
+//! entry at all (refused unless a first start is accepted), or newer entries
+//! than the newest readable one (a fallback, allowed only when the sinks
+//! prove the replay harmless or the operator accepts it).
+
+use std::sync::Arc;
+
+use tracing::warn;
+
+use super::region::Region;
+use super::restore::Restored;
+use super::{AttemptFailure, Pipeline};
+use crate::error::StoreError;
+use crate::record::CheckpointId;
+use crate::sink::{ErasedSink, ReplayCheck};
+use crate::store::{CheckpointEntry, CheckpointStore};
+
+impl Pipeline {
+    /// No readable entry: a first start, unless the folder has a history
+    /// (entries that cannot be read, ids reserved by a run that got as far
+    /// as a checkpoint). Then it is refused, or with `allow_first_start`
+    /// accepted and the unreadable entries set aside.
+    pub(super) async fn check_first_start(
+        &self,
+        store: &Arc<dyn CheckpointStore>,
+        reserved: Option<CheckpointId>,
+    ) -> Result<(), AttemptFailure> {
+        let names = self.with_store(store, |store| store.list()).await?;
+        if names.is_empty() && reserved.is_none() {
+            return Ok(());
+        }
+        let mut history: Vec<String> = names
+            .iter()
+            .map(|name| format!("{} ({})", name.file_name, why_unreadable(store, &name.file_name)))
+            .collect();
+        if let Some(reserved) = reserved {
+            history.push(format!("ids reserved up to {reserved}"));
+        }
+        let history = history.join("; ");
+        if !self.config.allow_first_start {
+            return Err(self.store_failure(StoreError::NoReadableCheckpoint {
+                dir: store.location(),
+                history,
+            }));
+        }
+        warn!(%history, "starting as if for the first time although the checkpoint folder has a history (allow_first_start)");
+        for name in names {
+            self.with_store(store, move |store| store.quarantine(&name.file_name))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The entries newer than `entry` (which the store skipped as
+    /// unreadable), each with why it cannot be read.
+    pub(super) async fn unreadable_newer_than(
+        &self,
+        store: &Arc<dyn CheckpointStore>,
+        entry: &CheckpointEntry,
+    ) -> Result<Vec<(String, String)>, AttemptFailure> {
+        let newest = (entry.checkpoint.id, entry.created_unix_ms);
+        let names = self.with_store(store, |store| store.list()).await?;
+        Ok(names
+            .into_iter()
+            .filter(|n| (n.id, n.created_unix_ms) > newest)
+            .map(|n| {
+                let problem = why_unreadable(store, &n.file_name);
+                (n.file_name, problem)
+            })
+            .collect())
+    }
+
+    /// Restoring the newest readable entry falls back past unreadable newer
+    /// ones: allowed when nothing a later checkpoint committed would be
+    /// written again — the store's committed-through record is not past the
+    /// restored checkpoint and every sink subtask proves it (or its writes
+    /// are replay-safe) — or when `allow_fallback` accepts the duplicates.
+    /// The unreadable entries are then set aside.
+    pub(super) async fn check_fallback(
+        &self,
+        region: &Region,
+        restored: &Restored,
+        sinks: &mut [(usize, Box<dyn ErasedSink>)],
+    ) -> Result<(), AttemptFailure> {
+        if restored.skipped.is_empty() {
+            return Ok(());
+        }
+        let id = restored.id().unwrap_or_default();
+        let mut known = Vec::new();
+        if let Some(through) = restored.committed_through.filter(|c| *c > id) {
+            known.push(format!(
+                "every sink committed checkpoint {through} (recorded in committed-through)"
+            ));
+        }
+        for (i, sink) in sinks.iter_mut() {
+            let answer = sink
+                .check_replay_after(id)
+                .await
+                .map_err(|e| self.connector_failure(false, e))?;
+            match answer {
+                ReplayCheck::Safe => {}
+                ReplayCheck::CommittedLater(later) => known.push(format!(
+                    "sink subtask {i} committed the transaction of checkpoint {later}"
+                )),
+                ReplayCheck::Unknown => known.push(format!(
+                    "sink subtask {i} cannot tell whether it committed anything after it"
+                )),
+            }
+        }
+        let skipped = restored
+            .skipped
+            .iter()
+            .map(|(name, problem)| format!("{name}: {problem}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if known.is_empty() {
+            warn!(%skipped, checkpoint = %id, "falling back past unreadable checkpoint entries: the sinks prove nothing after the restored checkpoint was committed");
+        } else if self.config.allow_fallback {
+            warn!(
+                %skipped,
+                checkpoint = %id,
+                known = %known.join("; "),
+                "falling back past unreadable checkpoint entries although later checkpoints may have been committed \
+                 (allow_fallback): the records after the restored checkpoint are written again and duplicate what those committed"
+            );
+        } else {
+            return Err(self.store_failure(StoreError::FallbackRefused {
+                dir: region.store.location(),
+                skipped,
+                restored: id,
+                known: known.join("; "),
+            }));
+        }
+        for (name, _) in &restored.skipped {
+            let name = name.clone();
+            self.with_store(&region.store, move |store| store.quarantine(&name))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Why the entry `name` of `store` cannot be read.
+fn why_unreadable(store: &Arc<dyn CheckpointStore>, name: &str) -> String {
+    store.read(name).err().unwrap_or_else(|| "readable now".into())
+}
