@@ -68,6 +68,7 @@ pub fn run_with_env(
     cmd.arg("run").arg(config).args(extra).env("RUST_LOG", "info");
     cmd.env_remove("EXACTLY_CRASH_AT")
         .env_remove("EXACTLY_DELAY_AT")
+        .env_remove(exactly::core::fault::FAIL_AT_ENV)
         .env_remove(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV)
         .envs(env.iter().copied());
     if let Some(point) = crash_at {
@@ -194,6 +195,7 @@ pub fn spawn_with_env(config: &Path, env: &[(&str, &str)]) -> Background {
         .env("RUST_LOG", "info")
         .env_remove("EXACTLY_CRASH_AT")
         .env_remove("EXACTLY_DELAY_AT")
+        .env_remove(exactly::core::fault::FAIL_AT_ENV)
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

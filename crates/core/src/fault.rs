@@ -21,6 +21,12 @@
 //! (`coordinator.before_persist`, on the thread that writes the checkpoint);
 //! connectors may name points of their own.
 //!
+//! A third variable makes a point fail instead, with a transient error (as a
+//! sink that loses its connection would): `EXACTLY_FAIL_AT=<point>[@<subtask>][:<nth>]`
+//! fails that one hit, `EXACTLY_FAIL_AT=<point>[@<subtask>]~<probability>`
+//! every hit with that probability (for measuring failover). The runtime's
+//! failure point is `sink.pre_commit` (before a sink subtask pre-commits).
+//!
 //! Points used by the runtime:
 //!
 //! | point | phase |
@@ -35,7 +41,8 @@
 //! | `recovery.after_commit` | recovery committed one subtask's pending transactions |
 //!
 //! The points of a subtask (`source.*`, `sink.*`, `recovery.*` and the
-//! connectors' own) take `@<subtask>`; the others count every hit.
+//! connectors' own) take `@<subtask>`, and in region failover the
+//! `coordinator.*` points `@<region>`; the others count every hit.
 //! Connectors' points: `kafka_sink.before_end_txn` (recovery is about to
 //! finish a listed transaction with EndTxn), `kafka_sink.before_init_producer`
 //! (on the blocking thread of an InitProducerId; a delay point).
@@ -113,6 +120,59 @@ fn parse_delay(spec: &str) -> Result<(Plan, Duration), String> {
     let (point, duration) = spec.rsplit_once('=').ok_or("no `=<duration>`")?;
     let duration = humantime::parse_duration(duration).map_err(|e| e.to_string())?;
     Ok((Plan::parse(point), duration))
+}
+
+/// Environment variable naming a failure point (see the module docs).
+pub const FAIL_AT_ENV: &str = "EXACTLY_FAIL_AT";
+
+/// When a failure point fails: at one hit, or at random.
+enum Failing {
+    Once(Plan),
+    Randomly { plan: Plan, probability: f64 },
+}
+
+fn fail_plan() -> Option<&'static Failing> {
+    static PLAN: OnceLock<Option<Failing>> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let spec = std::env::var(FAIL_AT_ENV).ok()?;
+        match spec.split_once('~') {
+            Some((point, probability)) => match probability.parse::<f64>() {
+                Ok(probability) if (0.0..=1.0).contains(&probability) => Some(Failing::Randomly {
+                    plan: Plan::parse(point),
+                    probability,
+                }),
+                _ => {
+                    tracing::error!(%spec, "{FAIL_AT_ENV}: the probability after `~` must be between 0 and 1; no failures");
+                    None
+                }
+            },
+            None => Some(Failing::Once(Plan::parse(&spec))),
+        }
+    })
+    .as_ref()
+}
+
+/// Marks a failure point of subtask `subtask`: `Err` (transient) when
+/// `EXACTLY_FAIL_AT` selects this hit. Without the variable it costs one
+/// atomic load.
+pub fn fail_at(name: &str, subtask: usize) -> Result<(), crate::ConnectorError> {
+    let Some(failing) = fail_plan() else {
+        return Ok(());
+    };
+    let fails = match failing {
+        Failing::Once(plan) => plan.hit(name, Some(subtask)).is_some(),
+        Failing::Randomly { plan, probability } => {
+            plan.point == name && plan.subtask.is_none_or(|s| s == subtask) && rand::random::<f64>() < *probability
+        }
+    };
+    if !fails {
+        return Ok(());
+    }
+    tracing::warn!(point = name, subtask, "failure point reached: failing");
+    Err(crate::ConnectorError::transient(
+        format!("subtask {subtask}"),
+        format!("failure injected at {name} ({FAIL_AT_ENV})"),
+    ))
 }
 
 /// How long to pause at `name`, when `EXACTLY_DELAY_AT` selects this point

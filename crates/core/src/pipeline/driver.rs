@@ -217,12 +217,18 @@ impl<'p> Driver<'p> {
                 let tx = self.wired.report_tx.clone();
                 let metrics = self.pipeline.metrics.clone();
                 let id = entry.checkpoint.id;
+                // The coordinator points of a region take `@<region>`.
+                let region = self.region.index;
+                let point = move |name: &str| match region {
+                    Some(r) => fault::point_at(name, r),
+                    None => fault::point(name),
+                };
                 let write = tokio::task::spawn_blocking(move || {
-                    fault::point("coordinator.before_persist");
+                    point("coordinator.before_persist");
                     fault::pause_blocking("coordinator.before_persist");
                     let result = store.save(&entry);
                     if result.is_ok() {
-                        fault::point("coordinator.after_persist");
+                        point("coordinator.after_persist");
                         // The new entry is durable whatever happens here.
                         if let Err(error) = store.prune() {
                             metrics.store_cleanup_failed();

@@ -139,7 +139,8 @@ impl SinkTask {
         }
         if !due.is_empty() {
             fault::point_at("sink.after_commit", self.index);
-            self.metrics.set_pending_transactions(self.index, self.ledger.entries().len());
+            self.metrics
+                .set_pending_transactions(self.index, self.ledger.entries().len());
         }
         let _ = self.reports.send(Report::Committed(self.index, id));
         Ok(())
@@ -167,6 +168,7 @@ impl SinkTask {
     }
 
     async fn snapshot(&mut self, id: CheckpointId) -> Result<(), ConnectorError> {
+        fault::fail_at("sink.pre_commit", self.index)?;
         let committable = self
             .sink
             .pre_commit()
