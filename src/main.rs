@@ -201,27 +201,38 @@ async fn shutdown_signal() {
     }
 }
 
+/// Every checkpoint sequence's entries, oldest first: the pipeline folder's
+/// own (global failover) and every region's, each line naming its region.
 fn list_checkpoints(file: &Path) -> Result<()> {
     let config = load_for("checkpoints list", file)?;
     let store = config.store();
-    let names = store.list()?;
-    if names.is_empty() {
-        println!("no checkpoints in {}", store.location());
+    let mut sequences: Vec<(Option<usize>, std::sync::Arc<dyn CheckpointStore>)> =
+        vec![(None, std::sync::Arc::new(store.clone()))];
+    for region in store.regions()? {
+        sequences.push((Some(region), store.region(region)));
     }
-    for n in names {
-        match store.read(&n.file_name) {
-            Ok(e) => {
-                let pending: usize = e.checkpoint.pending.values().map(Vec::len).sum();
-                println!(
-                    "{}  id={} splits={} pending_transactions={}",
-                    n.file_name,
-                    n.id,
-                    e.checkpoint.positions.0.len(),
-                    pending
-                );
+    let mut listed = 0;
+    for (region, sequence) in sequences {
+        let label = region.map(|r| format!(" region={r}")).unwrap_or_default();
+        for n in sequence.list()? {
+            listed += 1;
+            match sequence.read(&n.file_name) {
+                Ok(e) => {
+                    let pending: usize = e.checkpoint.pending.values().map(Vec::len).sum();
+                    println!(
+                        "{}{label}  id={} splits={} pending_transactions={}",
+                        n.file_name,
+                        n.id,
+                        e.checkpoint.positions.0.len(),
+                        pending
+                    );
+                }
+                Err(problem) => println!("{}{label}  UNREADABLE: {problem}", n.file_name),
             }
-            Err(problem) => println!("{}  UNREADABLE: {problem}", n.file_name),
         }
+    }
+    if listed == 0 {
+        println!("no checkpoints in {}", store.location());
     }
     Ok(())
 }

@@ -68,6 +68,18 @@ fn unreadable_entries_stop_the_start_until_a_first_start_is_accepted() {
         std::fs::write(entry, bytes).unwrap();
     }
     let before = output_files(dir.path());
+    // The listing shows every region's entries and marks them unreadable.
+    let listing = std::process::Command::new(env!("CARGO_BIN_EXE_exactly"))
+        .args(["checkpoints", "list"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    assert_eq!(listing.lines().count(), written.len(), "{listing}");
+    assert!(listing.lines().all(|l| l.contains("UNREADABLE")), "{listing}");
+    for region in ["region=0", "region=1"] {
+        assert!(listing.contains(region), "{region} missing from:\n{listing}");
+    }
 
     let (status, log) = run(&config, None, &[]);
     assert!(
