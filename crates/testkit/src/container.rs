@@ -1,51 +1,58 @@
-//! The Docker fallback: services run in containers driven through the
-//! `docker` command-line client, synchronously.
+//! The container fallback: services run in Docker containers through the
+//! `testcontainers` crate (its async runner, on a runtime of the testkit's
+//! own) and the images of `testcontainers-modules`.
 //!
-//! The CLI talks to whichever engine `DOCKER_HOST` (or the current docker
-//! context) names. Published ports are bound to `127.0.0.1` of the machine
-//! running the engine, so the engine must be local (Docker Engine, rootless
-//! Docker, Docker Desktop, or anything else that forwards published ports to
-//! this machine's loopback).
+//! The engine is the one `testcontainers` finds: `DOCKER_HOST`, the
+//! `~/.testcontainers.properties` file, or the local socket. Published ports
+//! are bound to `127.0.0.1` of the machine running the engine, so the engine
+//! must be local (Docker Engine, rootless Docker, Docker Desktop, or
+//! anything else that forwards published ports to this machine's loopback).
 //!
-//! Containers are named `exactly-testkit-<service>-<pid>-<n>` and labelled
-//! `exactly.testkit=1` (and `exactly.testkit.pid=<pid>`); a handle removes
-//! its container (`docker rm -f -v`) when it drops. Containers left by a
-//! killed test run can be removed with
+//! Containers are named `exactly-testkit-<service>-<pid>-<n>-<random>` and
+//! labelled `exactly.testkit=1` (and `exactly.testkit.pid=<pid>`); a handle
+//! removes its container (with its anonymous volumes) when it drops.
+//! Containers left by a killed test run can be removed with
 //! `docker rm -f -v $(docker ps -aq --filter label=exactly.testkit=1)`.
+//!
+//! The testkit's API is synchronous: every container operation runs on the
+//! testkit's own tokio runtime (a background thread pool that lives as long
+//! as the process), from a helper thread, so it works the same from plain
+//! tests and from inside a test's own tokio runtime.
 
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::process::CommandExt;
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
-use std::thread::{self, sleep, JoinHandle};
+use std::thread::sleep;
 use std::time::{Duration, Instant};
+
+use testcontainers::core::{ExecCommand, Mount};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, ContainerRequest, Image, ImageExt};
 
 use crate::error::{Result, TestkitError};
 use crate::handle::{Backend, Lifecycle};
-use crate::process::{self, GroupChild};
+use crate::process;
 
 /// Environment variable choosing when the testkit may fall back to Docker:
 /// `never`, `auto` (the default: when the local programs are missing) or
 /// `always` (skip the local programs, always use a container).
 pub const DOCKER_MODE_ENV: &str = "EXACTLY_TESTKIT_DOCKER";
 
-/// How long `docker version` may take to tell whether an engine answers.
+/// How long the engine may take to answer whether it is there.
 const DETECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long `docker run` may take; the first run pulls the image.
-const RUN_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long any other docker command (kill, start, rm, exec...) may take.
+/// How long creating and starting a container may take; the first start
+/// pulls the image.
+const START_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long any other container operation (kill, start, pause, exec...) may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a container may take to become ready once created or started.
+/// How long a container may take to become ready once started.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 const READY_POLL: Duration = Duration::from_millis(250);
-/// How long `docker logs` may take to dump a log after a failed start.
-const LOG_DUMP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Label put on every container the testkit starts.
-const LABEL: &str = "exactly.testkit=1";
+const LABEL: (&str, &str) = ("exactly.testkit", "1");
 
 /// When the testkit may use Docker, from [`DOCKER_MODE_ENV`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,19 +90,51 @@ impl DockerMode {
 /// A Docker engine that answered.
 #[derive(Debug)]
 pub(crate) struct Engine {
-    /// The `docker` program.
-    pub(crate) docker: PathBuf,
-    /// The engine's version, as reported by `docker version`.
+    /// The engine's version, as it reports it.
     pub(crate) version: String,
 }
 
+/// The testkit's runtime for container operations. Multi-threaded, so that
+/// `testcontainers`' clean-up on drop (which blocks in place) works.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("exactly-testkit-containers")
+            .enable_all()
+            .build()
+            .expect("creating the testkit's container runtime")
+    })
+}
+
+/// Runs the future `make` returns on the testkit's runtime and waits for
+/// it, from any thread (also one of another tokio runtime): the future is
+/// made and driven on a helper thread outside every runtime.
+fn block<T: Send, F: Future<Output = T>>(make: impl FnOnce() -> F + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| runtime().block_on(make()))
+            .join()
+            .expect("a container operation panicked")
+    })
+}
+
+/// Where `testcontainers` looks for the engine, for messages.
+fn engine_address() -> String {
+    match std::env::var("DOCKER_HOST") {
+        Ok(host) if !host.trim().is_empty() => format!("DOCKER_HOST={host}"),
+        _ => "the default socket unix:///var/run/docker.sock (DOCKER_HOST is not set)".into(),
+    }
+}
+
 /// The Docker engine, asked once per process: `Err` says why none can be
-/// used (no `docker` program, no engine answering within a few seconds...).
+/// used (nothing answers at the address, it did not answer in time...).
 pub(crate) fn engine() -> std::result::Result<&'static Engine, String> {
     static ENGINE: OnceLock<std::result::Result<Engine, String>> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            let result = detect(process::find_binary("docker", &[]), DETECT_TIMEOUT);
+            let result = detect(DETECT_TIMEOUT);
             match &result {
                 Ok(engine) => tracing::info!(version = %engine.version, "a Docker engine answers"),
                 Err(reason) => tracing::debug!(%reason, "no Docker engine"),
@@ -106,28 +145,26 @@ pub(crate) fn engine() -> std::result::Result<&'static Engine, String> {
         .map_err(Clone::clone)
 }
 
-/// Asks `docker` for the engine's version, giving up after `timeout`.
-fn detect(docker: Option<PathBuf>, timeout: Duration) -> std::result::Result<Engine, String> {
-    let Some(docker) = docker else {
-        return Err("the `docker` program is not on PATH".into());
-    };
-    let mut cmd = Command::new(&docker);
-    cmd.args(["version", "--format", "{{.Server.Version}}"]);
-    let finished = run_timed(&mut cmd, timeout).map_err(|err| format!("cannot run {}: {err}", docker.display()))?;
-    let version = finished.stdout.trim().to_string();
-    match finished.status {
-        None => Err(format!("`docker version` did not answer within {timeout:?}")),
-        Some(status) if !status.success() || version.is_empty() => {
-            let stderr = finished.stderr.split_whitespace().collect::<Vec<_>>().join(" ");
-            let why = if stderr.is_empty() {
-                "no server version"
-            } else {
-                &stderr
-            };
-            Err(format!("`docker version` failed ({status}: {why})"))
+/// Asks the engine `testcontainers` would use for its version, giving up
+/// after `timeout`.
+fn detect(timeout: Duration) -> std::result::Result<Engine, String> {
+    let address = engine_address();
+    block(move || async move {
+        let asked = async {
+            let docker = testcontainers::core::client::docker_client_instance()
+                .await
+                .map_err(|e| e.to_string())?;
+            docker.version().await.map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(timeout, asked).await {
+            Err(_) => Err(format!("the engine at {address} did not answer within {timeout:?}")),
+            Ok(Err(error)) => Err(format!("{address}: {error}")),
+            Ok(Ok(version)) => match version.version {
+                Some(version) if !version.is_empty() => Ok(Engine { version }),
+                _ => Err(format!("the engine at {address} reported no version")),
+            },
         }
-        Some(_) => Ok(Engine { docker, version }),
-    }
+    })
 }
 
 /// The service start order after the environment override: the local
@@ -170,89 +207,120 @@ pub(crate) fn local_then_container<'e, T>(
     Err(missing)
 }
 
-/// How a finished (or timed-out) command ended.
-pub(crate) struct Finished {
-    /// `None` when it was killed because it ran out of time.
-    pub(crate) status: Option<ExitStatus>,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
+type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+type TcResult<T> = std::result::Result<T, testcontainers::TestcontainersError>;
+
+/// A started container of any image, as the testkit drives it.
+pub(crate) trait Running: Send + Sync {
+    fn id(&self) -> &str;
+    fn start(&self) -> Fut<'_, TcResult<()>>;
+    /// Stops at once (SIGKILL), like a crash.
+    fn kill(&self) -> Fut<'_, TcResult<()>>;
+    fn pause(&self) -> Fut<'_, TcResult<()>>;
+    fn unpause(&self) -> Fut<'_, TcResult<()>>;
+    fn is_running(&self) -> Fut<'_, TcResult<bool>>;
+    fn exit_code(&self) -> Fut<'_, TcResult<Option<i64>>>;
+    /// Runs a command; its exit code and output.
+    fn exec(&self, cmd: Vec<String>) -> Fut<'_, TcResult<(Option<i64>, String)>>;
+    /// Copies the container's output into `log` from now on, until it stops.
+    fn follow_logs(&self, log: PathBuf) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    fn rm(self: Box<Self>) -> Fut<'static, TcResult<()>>;
 }
 
-/// Runs `cmd` with stdin closed and its output captured; kills it (and its
-/// process group) when it has not finished after `timeout`.
-pub(crate) fn run_timed(cmd: &mut Command, timeout: Duration) -> std::io::Result<Finished> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd.spawn()?;
-    // Read both pipes while waiting, so a chatty command never blocks.
-    let stdout = child.stdout.take().map(read_all);
-    let stderr = child.stderr.take().map(read_all);
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => sleep(Duration::from_millis(10)),
-            Ok(None) | Err(_) => {
-                process::kill_process_group(child.id());
-                let _ = child.wait();
-                break None;
+impl<I: Image + 'static> Running for ContainerAsync<I> {
+    fn id(&self) -> &str {
+        let raw: &testcontainers::core::RawContainer = self;
+        raw.id()
+    }
+    fn start(&self) -> Fut<'_, TcResult<()>> {
+        Box::pin(ContainerAsync::start(self))
+    }
+    fn kill(&self) -> Fut<'_, TcResult<()>> {
+        Box::pin(self.stop_with_timeout(Some(0)))
+    }
+    fn pause(&self) -> Fut<'_, TcResult<()>> {
+        Box::pin(ContainerAsync::pause(self))
+    }
+    fn unpause(&self) -> Fut<'_, TcResult<()>> {
+        Box::pin(ContainerAsync::unpause(self))
+    }
+    fn is_running(&self) -> Fut<'_, TcResult<bool>> {
+        Box::pin(ContainerAsync::is_running(self))
+    }
+    fn exit_code(&self) -> Fut<'_, TcResult<Option<i64>>> {
+        Box::pin(ContainerAsync::exit_code(self))
+    }
+    fn exec(&self, cmd: Vec<String>) -> Fut<'_, TcResult<(Option<i64>, String)>> {
+        Box::pin(async move {
+            let raw: &testcontainers::core::RawContainer = self;
+            let mut result = raw.exec(ExecCommand::new(cmd)).await?;
+            let mut output = result.stdout_to_vec().await?;
+            output.extend(result.stderr_to_vec().await?);
+            Ok((result.exit_code().await?, String::from_utf8_lossy(&output).into_owned()))
+        })
+    }
+    fn follow_logs(&self, log: PathBuf) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (mut stdout, mut stderr) = (self.stdout(true), self.stderr(true));
+        Box::pin(async move {
+            let open = || {
+                let log = log.clone();
+                async move {
+                    tokio::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&log)
+                        .await
+                        .ok()
+                }
+            };
+            let (Some(mut out), Some(mut err)) = (open().await, open().await) else {
+                return;
+            };
+            // Ends with an error once the container stops.
+            let _ = tokio::join!(
+                tokio::io::copy_buf(&mut stdout, &mut out),
+                tokio::io::copy_buf(&mut stderr, &mut err)
+            );
+        })
+    }
+    fn rm(self: Box<Self>) -> Fut<'static, TcResult<()>> {
+        Box::pin(ContainerAsync::rm(*self))
+    }
+}
+
+/// Starts `request` as the container `name` publishing `port` (given to
+/// the request with `with_mapped_port`) on `127.0.0.1` only, labelled as
+/// the testkit's.
+fn run<I: Image + 'static>(request: ContainerRequest<I>, name: &str) -> Fut<'static, TcResult<Box<dyn Running>>> {
+    let request = request
+        .with_container_name(name)
+        .with_label(LABEL.0, LABEL.1)
+        .with_label("exactly.testkit.pid", std::process::id().to_string())
+        .with_startup_timeout(START_TIMEOUT)
+        .with_host_config_modifier(|host| {
+            for bindings in host.port_bindings.iter_mut().flat_map(|b| b.values_mut()).flatten() {
+                for binding in bindings {
+                    binding.host_ip = Some("127.0.0.1".into());
+                }
             }
-        }
-    };
-    let join = |reader: Option<JoinHandle<String>>| reader.and_then(|r| r.join().ok()).unwrap_or_default();
-    Ok(Finished {
-        status,
-        stdout: join(stdout),
-        stderr: join(stderr),
-    })
+        });
+    Box::pin(async move { Ok(Box::new(request.start().await?) as Box<dyn Running>) })
 }
 
-fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
-    thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
+/// What a service asks of its container: `create(port, name)` starts it
+/// publishing `port` (see [`ContainerSpec::request`]).
+pub(crate) type Create = Box<dyn Fn(u16, &str) -> Fut<'static, TcResult<Box<dyn Running>>> + Send + Sync>;
+
+/// Builds a [`Create`] from a function making the image request for a port.
+pub(crate) fn create<I: Image + 'static>(
+    request: impl Fn(u16) -> ContainerRequest<I> + Send + Sync + 'static,
+) -> Create {
+    Box::new(move |port, name| run(request(port), name))
 }
 
-/// Runs `docker ARGS...`; a failure, non-zero exit or timeout becomes an
-/// error naming the command and carrying its output.
-fn docker(
-    service: &'static str,
-    docker: &Path,
-    args: &[String],
-    timeout: Duration,
-    fix: &'static str,
-) -> Result<String> {
-    let mut cmd = Command::new(docker);
-    cmd.args(args);
-    let command = process::describe_command(&cmd);
-    tracing::debug!(service, %command, "running");
-    let finished = run_timed(&mut cmd, timeout).map_err(|source| TestkitError::Io {
-        service,
-        action: format!("running `{command}`"),
-        fix,
-        source,
-    })?;
-    let status = match finished.status {
-        Some(status) if status.success() => return Ok(finished.stdout),
-        Some(status) => status.to_string(),
-        None => format!("no answer within {} s, killed", timeout.as_secs()),
-    };
-    Err(TestkitError::CommandFailed {
-        service,
-        command,
-        status,
-        output: format!("{}{}", finished.stdout, finished.stderr),
-        fix,
-    })
-}
-
-/// Strings from string literals, for building `docker` argument lists.
-pub(crate) fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| s.to_string()).collect()
+/// A bind mount of `host` at `target` in the container.
+pub(crate) fn bind(host: &Path, target: &str) -> Mount {
+    Mount::bind_mount(host.display().to_string(), target)
 }
 
 /// Readiness check of a service in a container; called repeatedly until it
@@ -261,29 +329,28 @@ pub(crate) type ReadyCheck = fn(&Container) -> bool;
 
 /// Static description of a service run as a container.
 pub(crate) struct ContainerSpec {
-    /// Human name of the service.
+    /// Human name used in errors and logs, e.g. `PostgreSQL (container)`.
     pub(crate) service: &'static str,
-    /// Short name used in the container name, e.g. `kafka`.
+    /// Part of the container name, e.g. `postgres`.
     pub(crate) slug: &'static str,
-    /// The image, with a pinned tag.
+    /// The image, for messages (`postgres:15`).
     pub(crate) image: &'static str,
-    /// Port the service listens on inside the container; `None` means the
-    /// same port as on the host.
+    /// The port the service listens on inside the container (`None`: the
+    /// same as the published one).
     pub(crate) inner_port: Option<u16>,
-    /// `docker run` options besides name, labels and the published port
-    /// (environment, mounts...), given the host port.
-    pub(crate) options: Box<dyn Fn(u16) -> Vec<String> + Send + Sync>,
-    /// Command and arguments after the image (empty: the image's default).
-    pub(crate) command: Vec<String>,
-    /// Whether the service answers.
+    /// Creates and starts the container for a published port.
+    pub(crate) request: Create,
+    /// Extra readiness check, polled after the image's own wait conditions.
     pub(crate) ready: ReadyCheck,
-    /// `true`: `restart()` replaces the container by a fresh one, so nothing
-    /// outside mounted directories is kept; `false`: `restart()` starts the
-    /// same container again, keeping its filesystem and volumes.
+    /// `restart()` replaces the container by a fresh one instead of
+    /// starting the stopped one again (for services without durable data).
     pub(crate) fresh_on_restart: bool,
-    /// File the container's output is copied to (by `docker logs --follow`).
+    /// Run before the container is removed, while it runs (e.g. making files
+    /// in a bind mount deletable by the caller).
+    pub(crate) before_remove: Option<Vec<String>>,
+    /// The log file, fed from the container's output.
     pub(crate) log: PathBuf,
-    /// Hint shown when something fails.
+    /// How to fix a failed start.
     pub(crate) fix: &'static str,
 }
 
@@ -292,26 +359,20 @@ pub(crate) struct ContainerSpec {
 /// volumes) on drop.
 pub(crate) struct Container {
     spec: ContainerSpec,
-    docker: PathBuf,
     name: String,
     port: u16,
-    /// Whether a container of that name may exist (and must be removed).
-    created: bool,
-    /// `docker logs --follow` copying the output to `spec.log`.
-    follower: Option<GroupChild>,
+    running: Option<Box<dyn Running>>,
 }
 
 impl Container {
     /// Creates and starts the container on a free loopback port and waits
     /// until the service is ready.
-    pub(crate) fn start(engine: &Engine, spec: ContainerSpec) -> Result<Container> {
+    pub(crate) fn start(_engine: &Engine, spec: ContainerSpec) -> Result<Container> {
         let mut container = Container {
             spec,
-            docker: engine.docker.clone(),
             name: String::new(),
             port: 0,
-            created: false,
-            follower: None,
+            running: None,
         };
         process::with_free_port(container.spec.service, |port| {
             container.port = port;
@@ -336,46 +397,76 @@ impl Container {
         self.spec.inner_port.unwrap_or(self.port)
     }
 
-    /// Runs `docker exec NAME ARGS...` and returns its stdout.
+    /// Runs `args` in the container; its output when it exits with 0.
     pub(crate) fn exec(&self, args: &[&str]) -> Result<String> {
-        let mut full = strings(&["exec", &self.name]);
-        full.extend(strings(args));
-        self.docker(&full, COMMAND_TIMEOUT)
+        let cmd: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (code, output) = self.timed("exec", move |r| r.exec(cmd))?;
+        match code {
+            Some(0) => Ok(output),
+            code => Err(TestkitError::CommandFailed {
+                service: self.spec.service,
+                command: format!("exec {} in {}", args.join(" "), self.name),
+                status: code.map_or("no exit code".into(), |c| format!("exit code {c}")),
+                output,
+                fix: self.spec.fix,
+            }),
+        }
     }
 
-    /// Whether `docker exec NAME ARGS...` exits successfully.
+    /// Whether `args` run in the container exit with 0.
     pub(crate) fn exec_ok(&self, args: &[&str]) -> bool {
         self.exec(args).is_ok()
     }
 
-    fn docker(&self, args: &[String], timeout: Duration) -> Result<String> {
-        docker(self.spec.service, &self.docker, args, timeout, self.spec.fix)
+    fn running(&self) -> Result<&dyn Running> {
+        self.running.as_deref().ok_or_else(|| TestkitError::CommandFailed {
+            service: self.spec.service,
+            command: format!("using container {}", self.name),
+            status: "removed".into(),
+            output: String::new(),
+            fix: self.spec.fix,
+        })
     }
 
-    /// `docker run` on `self.port` under `self.name`, then waits until
-    /// ready; removes the container again if that fails.
+    /// Runs a container operation with [`COMMAND_TIMEOUT`]; an error names
+    /// the operation and the container.
+    fn timed<T: Send>(
+        &self,
+        action: &str,
+        operation: impl for<'r> FnOnce(&'r dyn Running) -> Fut<'r, TcResult<T>> + Send,
+    ) -> Result<T> {
+        let running = self.running()?;
+        let result = block(move || async move { tokio::time::timeout(COMMAND_TIMEOUT, operation(running)).await });
+        let failed = |output: String| TestkitError::CommandFailed {
+            service: self.spec.service,
+            command: format!("{action} container {}", self.name),
+            status: "failed".into(),
+            output,
+            fix: self.spec.fix,
+        };
+        match result {
+            Err(_) => Err(failed(format!("no answer within {COMMAND_TIMEOUT:?}"))),
+            Ok(Err(error)) => Err(failed(error.to_string())),
+            Ok(Ok(value)) => Ok(value),
+        }
+    }
+
+    /// Creates and starts the container on `self.port` under `self.name`,
+    /// then waits until ready; removes it again if that fails.
     fn create(&mut self) -> Result<()> {
-        let mut args = strings(&["run", "-d", "--name", &self.name, "--label", LABEL, "--label"]);
-        args.push(format!("exactly.testkit.pid={}", std::process::id()));
-        args.push("-p".into());
-        args.push(format!("127.0.0.1:{}:{}", self.port, self.inner_port()));
-        args.extend((self.spec.options)(self.port));
-        args.push(self.spec.image.into());
-        args.extend(self.spec.command.iter().cloned());
-        // Even a failed `docker run` may leave a created container behind.
-        self.created = true;
-        // The readiness limit counts from the container's start, not from
-        // before `docker run`, which may spend minutes pulling the image.
-        let result = self.docker(&args, RUN_TIMEOUT).and_then(|_| {
-            let started = Instant::now();
-            self.follow_logs(false)?;
-            self.wait_ready(started)
-        });
-        if let Err(err) = result {
-            if err.to_string().contains("is already in use by container") {
-                // Someone else's container has this name: not ours to remove.
-                self.created = false;
+        let _ = std::fs::File::create(&self.spec.log);
+        let (request, port, name) = (&self.spec.request, self.port, self.name.as_str());
+        let started = block(move || request(port, name));
+        let running = match started {
+            Ok(running) => running,
+            Err(error) => {
+                let reason = format!("container {} ({}) did not start: {error}", self.name, self.spec.image);
+                return Err(self.failed(reason));
             }
+        };
+        runtime().spawn(running.follow_logs(self.spec.log.clone()));
+        self.running = Some(running);
+        if let Err(err) = self.wait_ready(Instant::now()) {
             self.remove();
             return Err(err);
         }
@@ -383,58 +474,17 @@ impl Container {
         Ok(())
     }
 
-    /// Starts copying the container's output to the log file. `truncate`:
-    /// start the file afresh (`docker logs` replays the whole output of the
-    /// container, also from before a restart).
-    fn follow_logs(&mut self, truncate: bool) -> Result<()> {
-        self.stop_following();
-        if truncate {
-            let _ = File::create(&self.spec.log);
-        }
-        let mut cmd = Command::new(&self.docker);
-        cmd.args(["logs", "--follow", &self.name]);
-        self.follower = Some(GroupChild::spawn(self.spec.service, cmd, &self.spec.log)?);
-        Ok(())
-    }
-
-    fn stop_following(&mut self) {
-        if let Some(mut follower) = self.follower.take() {
-            follower.kill();
-        }
-    }
-
-    /// Replaces the log file by a complete `docker logs` dump, so that an
-    /// error shows the latest output.
-    fn dump_logs(&mut self) {
-        self.stop_following();
-        if File::create(&self.spec.log).is_err() {
-            return;
-        }
-        let mut cmd = Command::new(&self.docker);
-        cmd.args(["logs", &self.name]);
-        let Ok(mut dump) = GroupChild::spawn(self.spec.service, cmd, &self.spec.log) else {
-            return;
-        };
-        let deadline = Instant::now() + LOG_DUMP_TIMEOUT;
-        while dump.exited().is_none() && Instant::now() < deadline {
-            sleep(Duration::from_millis(20));
-        }
-        dump.kill();
-    }
-
     /// `Some(reason)` when the container is no longer running.
     fn exited(&self) -> Option<String> {
-        let state = self.docker(
-            &strings(&["inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", &self.name]),
-            COMMAND_TIMEOUT,
-        );
-        match state {
-            Ok(state) => {
-                let mut parts = state.split_whitespace();
-                let status = parts.next().unwrap_or("unknown");
-                let code = parts.next().unwrap_or("?");
-                (status != "running" && status != "created" && status != "restarting")
-                    .then(|| format!("the container is {status} (exit code {code})"))
+        self.running().ok()?;
+        match self.timed("inspect", |r| r.is_running()) {
+            Ok(true) => None,
+            Ok(false) => {
+                let code = self.timed("inspect", |r| r.exit_code()).ok().flatten();
+                Some(format!(
+                    "the container exited (exit code {})",
+                    code.map_or("?".into(), |c| c.to_string())
+                ))
             }
             Err(err) => Some(format!("cannot inspect the container: {err}")),
         }
@@ -458,8 +508,9 @@ impl Container {
         }
     }
 
-    fn failed(&mut self, reason: String) -> TestkitError {
-        self.dump_logs();
+    fn failed(&self, reason: String) -> TestkitError {
+        // Give the log follower a moment to copy the last lines.
+        sleep(Duration::from_millis(200));
         TestkitError::StartFailed {
             service: self.spec.service,
             port: self.port,
@@ -471,40 +522,35 @@ impl Container {
     }
 
     fn is_running(&self) -> bool {
-        self.created
-            && self
-                .docker(
-                    &strings(&["inspect", "-f", "{{.State.Running}}", &self.name]),
-                    COMMAND_TIMEOUT,
-                )
-                .is_ok_and(|out| out.trim() == "true")
+        self.running.is_some() && self.timed("inspect", |r| r.is_running()).unwrap_or(false)
     }
 
-    /// `docker pause` / `docker unpause`.
+    /// Pauses or unpauses every process of the container.
     fn set_frozen(&mut self, frozen: bool) -> Result<()> {
-        let verb = if frozen { "pause" } else { "unpause" };
-        self.docker(&strings(&[verb, &self.name]), COMMAND_TIMEOUT).map(drop)
+        if frozen {
+            self.timed("pause", |r| r.pause())
+        } else {
+            self.timed("unpause", |r| r.unpause())
+        }
     }
 
-    /// `docker kill` (SIGKILL, like a crash), then waits until the container
-    /// stopped and the port is closed.
+    /// Kills the container (SIGKILL, like a crash), then waits until the
+    /// port is closed.
     fn stop(&mut self) -> Result<()> {
         if self.is_running() {
-            if let Err(err) = self.docker(&strings(&["kill", &self.name]), COMMAND_TIMEOUT) {
+            if let Err(err) = self.timed("kill", |r| r.kill()) {
                 // Fine if it just exited by itself.
                 if self.is_running() {
                     return Err(err);
                 }
             }
-            self.docker(&strings(&["wait", &self.name]), COMMAND_TIMEOUT)?;
             tracing::info!(service = self.spec.service, container = %self.name, "container stopped");
         }
-        self.stop_following();
         if !process::wait_port_closed(self.port) {
             tracing::warn!(
                 service = self.spec.service,
                 port = self.port,
-                "port still open after docker kill"
+                "port still open after the kill"
             );
         }
         Ok(())
@@ -519,16 +565,16 @@ impl Container {
             return self.create();
         }
         let started = Instant::now();
-        self.docker(&strings(&["start", &self.name]), COMMAND_TIMEOUT)?;
-        self.follow_logs(true)?;
+        let _ = std::fs::File::create(&self.spec.log);
+        self.timed("start", |r| r.start())?;
+        runtime().spawn(self.running()?.follow_logs(self.spec.log.clone()));
         self.wait_ready(started)?;
         tracing::info!(service = self.spec.service, container = %self.name, port = self.port, "container restarted");
         Ok(())
     }
 
-    /// `docker rm -f -v`: removes the container and its anonymous volumes;
-    /// a failure is logged (for drop and failed starts, which have an error
-    /// of their own to report).
+    /// Removes the container and its anonymous volumes; a failure is logged
+    /// (for drop and failed starts, which have an error of their own).
     fn remove(&mut self) {
         if let Err(err) = self.try_remove() {
             tracing::warn!(%err, "could not remove the container");
@@ -537,19 +583,38 @@ impl Container {
 
     /// [`remove`](Self::remove), returning the failure.
     fn try_remove(&mut self) -> Result<()> {
-        self.stop_following();
-        if !std::mem::take(&mut self.created) {
+        if let (Some(command), true) = (&self.spec.before_remove, self.is_running()) {
+            let args: Vec<&str> = command.iter().map(String::as_str).collect();
+            if let Err(err) = self.exec(&args) {
+                tracing::warn!(%err, "the clean-up command before removal failed");
+            }
+        }
+        let Some(running) = self.running.take() else {
             return Ok(());
+        };
+        let id = running.id().to_string();
+        let result = block(move || async move { tokio::time::timeout(COMMAND_TIMEOUT, running.rm()).await });
+        match result {
+            Ok(Ok(())) => {
+                tracing::info!(service = self.spec.service, container = %self.name, "container removed");
+                process::wait_port_closed(self.port);
+                Ok(())
+            }
+            Ok(Err(error)) => Err(TestkitError::CommandFailed {
+                service: self.spec.service,
+                command: format!("removing container {} ({id})", self.name),
+                status: "failed".into(),
+                output: error.to_string(),
+                fix: self.spec.fix,
+            }),
+            Err(_) => Err(TestkitError::CommandFailed {
+                service: self.spec.service,
+                command: format!("removing container {} ({id})", self.name),
+                status: "timed out".into(),
+                output: format!("no answer within {COMMAND_TIMEOUT:?}"),
+                fix: self.spec.fix,
+            }),
         }
-        let removed = self.docker(&strings(&["rm", "-f", "-v", &self.name]), COMMAND_TIMEOUT);
-        if removed.is_err() {
-            // Still there: drop may try again.
-            self.created = true;
-        }
-        removed?;
-        tracing::info!(service = self.spec.service, container = %self.name, "container removed");
-        process::wait_port_closed(self.port);
-        Ok(())
     }
 }
 
@@ -642,8 +707,6 @@ impl<L: Lifecycle> Lifecycle for Managed<L> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
     use super::*;
 
     #[test]
@@ -660,61 +723,6 @@ mod tests {
         );
     }
 
-    /// Writes an executable shell script standing in for `docker`.
-    fn fake_docker(dir: &Path, body: &str) -> PathBuf {
-        let path = dir.join("docker");
-        let script = format!("#!/bin/sh\n[ \"$1\" = --testkit-probe ] && exit 0\n{body}\n");
-        std::fs::write(&path, script).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        // A process forked by a parallel test while the file was open for
-        // writing makes exec fail with ETXTBSY until that process execs.
-        for _ in 0..100 {
-            match Command::new(&path).arg("--testkit-probe").status() {
-                Err(err) if err.raw_os_error() == Some(libc::ETXTBSY) => sleep(Duration::from_millis(10)),
-                _ => break,
-            }
-        }
-        path
-    }
-
-    #[test]
-    fn detects_an_engine_or_says_why_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let timeout = Duration::from_secs(5);
-
-        let err = detect(None, timeout).unwrap_err();
-        assert!(err.contains("not on PATH"), "{err}");
-
-        let answers = fake_docker(
-            dir.path(),
-            r#"[ "$1 $2 $3" = "version --format {{.Server.Version}}" ] && echo 27.1.0"#,
-        );
-        assert_eq!(detect(Some(answers), timeout).unwrap().version, "27.1.0");
-
-        let refuses = fake_docker(
-            dir.path(),
-            "echo 'Cannot connect to the Docker daemon at unix:///nonexistent.sock' >&2; exit 1",
-        );
-        let err = detect(Some(refuses), timeout).unwrap_err();
-        assert!(err.contains("Cannot connect to the Docker daemon"), "{err}");
-
-        let client_only = fake_docker(dir.path(), "echo; exit 0");
-        assert!(detect(Some(client_only), timeout).is_err());
-    }
-
-    #[test]
-    fn gives_up_on_a_hanging_docker() {
-        let dir = tempfile::tempdir().unwrap();
-        let hangs = fake_docker(dir.path(), "sleep 30");
-        let started = Instant::now();
-        let err = detect(Some(hangs), Duration::from_millis(300)).unwrap_err();
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the hanging child was not killed"
-        );
-        assert!(err.contains("did not answer"), "{err}");
-    }
-
     fn not_found(searched: String) -> TestkitError {
         TestkitError::BinaryNotFound {
             service: "Thing",
@@ -728,7 +736,6 @@ mod tests {
     fn engine_ok() -> std::result::Result<&'static Engine, String> {
         static ENGINE: OnceLock<Engine> = OnceLock::new();
         Ok(ENGINE.get_or_init(|| Engine {
-            docker: PathBuf::from("/usr/bin/docker"),
             version: "27.1.0".into(),
         }))
     }
@@ -799,6 +806,7 @@ mod tests {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<crate::KafkaBroker>();
         send_sync::<crate::PostgresServer>();
+        send_sync::<crate::RedisServer>();
         send_sync::<Container>();
     }
 
@@ -813,216 +821,20 @@ mod tests {
         );
     }
 
-    /// A stand-in for the `docker` CLI that keeps container state as files
-    /// in `state` and records every call in `state/calls`. Toggles: the file
-    /// `fail_run_once` makes the next `run` fail like a taken port;
-    /// `exit_on_run` makes containers exit right after `run`; `name_taken`
-    /// makes every `run` fail because another container has the name.
-    fn fake_engine(state: &Path) -> Engine {
-        let script = r#"
-S='STATE'
-echo "$*" >> "$S/calls"
-cmd=$1; shift
-case "$cmd" in
-run)
-    name=; prev=
-    for a in "$@"; do [ "$prev" = "--name" ] && name=$a; prev=$a; done
-    if [ -f "$S/name_taken" ]; then
-        echo "docker: Error response from daemon: Conflict. The container name \"/$name\" is already in use by container \"0123\"." >&2; exit 125
-    fi
-    if [ -f "$S/fail_run_once" ]; then
-        rm "$S/fail_run_once"; touch "$S/$name.created"
-        echo "Bind for 127.0.0.1:1 failed: port is already allocated" >&2; exit 125
-    fi
-    touch "$S/$name.created"
-    if [ -f "$S/exit_on_run" ]; then echo "fatal: broken image" >> "$S/$name.log"; exit 0; fi
-    echo "started $name" >> "$S/$name.log"; touch "$S/$name.running"; echo 0123abcd ;;
-logs)
-    if [ "$1" = "--follow" ]; then
-        cat "$S/$2.log"; while [ -f "$S/$2.running" ]; do sleep 0.05; done
-    else
-        cat "$S/$1.log"
-    fi ;;
-inspect)
-    [ -f "$S/$3.created" ] || { echo "Error: No such object: $3" >&2; exit 1; }
-    if [ -f "$S/$3.running" ]; then r=true; st=running; else r=false; st=exited; fi
-    case "$2" in *Running*) echo $r ;; *) echo "$st 1" ;; esac ;;
-kill)
-    [ -f "$S/$1.running" ] || { echo "Error: container $1 is not running" >&2; exit 1; }
-    rm "$S/$1.running"; echo "killed $1" >> "$S/$1.log" ;;
-wait) echo 137 ;;
-start) touch "$S/$1.running"; echo "restarted $1" >> "$S/$1.log" ;;
-exec) [ -f "$S/$1.running" ] ;;
-rm) rm -f "$S/$3.created" "$S/$3.running" "$S/$3.log" ;;
-*) echo "unexpected docker $cmd" >&2; exit 2 ;;
-esac
-"#
-        .replace("STATE", &state.display().to_string());
-        let bin = state.join("bin");
-        std::fs::create_dir(&bin).unwrap();
-        Engine {
-            docker: fake_docker(&bin, &script),
-            version: "fake".into(),
-        }
-    }
-
-    fn fake_spec(log: PathBuf, fresh_on_restart: bool) -> ContainerSpec {
-        ContainerSpec {
-            service: "Fake service",
-            slug: "fake",
-            image: "example/fake:1",
-            inner_port: Some(1234),
-            options: Box::new(|port| vec!["-e".into(), format!("PORT={port}")]),
-            command: strings(&["serve", "--fast"]),
-            ready: |container| container.exec_ok(&["true"]),
-            fresh_on_restart,
-            log,
-            fix: "fix the fake",
-        }
-    }
-
-    fn calls(state: &Path) -> Vec<String> {
-        std::fs::read_to_string(state.join("calls"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// Waits (briefly) until the log file mentions `text`.
-    fn log_shows(log: &Path, text: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if std::fs::read_to_string(log).unwrap_or_default().contains(text) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            sleep(Duration::from_millis(20));
-        }
-    }
-
+    /// The container operations work from inside another tokio runtime
+    /// (tests are often `#[tokio::test]`), current-thread or not.
     #[test]
-    fn drives_a_container_through_its_life_with_the_docker_cli() {
-        let state = tempfile::tempdir().unwrap();
-        let engine = fake_engine(state.path());
-        let log = state.path().join("service.log");
-        let mut container = Container::start(&engine, fake_spec(log.clone(), false)).unwrap();
-        let name = container.name().to_string();
-        let port = container.port();
-        assert!(name.starts_with("exactly-testkit-fake-"), "{name}");
-        let run = format!(
-            "run -d --name {name} --label exactly.testkit=1 --label exactly.testkit.pid={} \
-             -p 127.0.0.1:{port}:1234 -e PORT={port} example/fake:1 serve --fast",
-            std::process::id()
-        );
-        assert_eq!(calls(state.path())[0], run);
-        assert!(log_shows(&log, &format!("started {name}")), "log not followed");
-        assert!(container.is_running());
-
-        container.stop().unwrap();
-        assert!(!container.is_running());
-        assert!(calls(state.path()).contains(&format!("kill {name}")));
-        container.stop().unwrap(); // stopping twice is harmless
-        assert_eq!(
-            calls(state.path()).iter().filter(|c| c.starts_with("kill")).count(),
-            1,
-            "a stopped container is not killed again"
-        );
-
-        container.restart().unwrap();
-        assert!(container.is_running());
-        assert_eq!(container.port(), port);
-        assert!(calls(state.path()).contains(&format!("start {name}")));
-        assert!(log_shows(&log, &format!("restarted {name}")));
-
-        drop(container);
-        assert_eq!(calls(state.path()).last().unwrap(), &format!("rm -f -v {name}"));
-        assert!(!state.path().join(format!("{name}.created")).exists());
-    }
-
-    #[test]
-    fn a_fresh_restart_replaces_the_container_on_the_same_port() {
-        let state = tempfile::tempdir().unwrap();
-        let engine = fake_engine(state.path());
-        let log = state.path().join("service.log");
-        let mut container = Container::start(&engine, fake_spec(log, true)).unwrap();
-        let (name, port) = (container.name().to_string(), container.port());
-        container.restart().unwrap();
-        let calls = calls(state.path());
-        let runs: Vec<_> = calls.iter().filter(|c| c.starts_with("run ")).collect();
-        assert_eq!(runs.len(), 2, "{calls:?}");
-        assert_eq!(runs[0], runs[1], "same name and port: {calls:?}");
-        assert!(calls.contains(&format!("rm -f -v {name}")));
-        assert!(!calls.iter().any(|c| c.starts_with("start ")), "{calls:?}");
-        assert_eq!(container.port(), port);
-        assert!(container.is_running());
-    }
-
-    #[test]
-    fn retries_on_a_new_port_when_docker_cannot_publish_it() {
-        let state = tempfile::tempdir().unwrap();
-        let engine = fake_engine(state.path());
-        std::fs::write(state.path().join("fail_run_once"), "").unwrap();
-        let container = Container::start(&engine, fake_spec(state.path().join("log"), false)).unwrap();
-        let calls = calls(state.path());
-        let runs: Vec<_> = calls.iter().filter(|c| c.starts_with("run ")).collect();
-        assert_eq!(runs.len(), 2, "{calls:?}");
-        assert_ne!(runs[0], runs[1], "new name and port on retry");
-        let first_name = runs[0].split_whitespace().nth(3).unwrap();
-        assert!(
-            calls.contains(&format!("rm -f -v {first_name}")),
-            "the failed container is removed: {calls:?}"
-        );
-        assert!(container.name() != first_name);
-    }
-
-    #[test]
-    fn a_name_taken_by_another_container_is_an_error_that_removes_nothing() {
-        let state = tempfile::tempdir().unwrap();
-        let engine = fake_engine(state.path());
-        std::fs::write(state.path().join("name_taken"), "").unwrap();
-        let err = match Container::start(&engine, fake_spec(state.path().join("log"), false)) {
-            Ok(_) => panic!("a taken name must not count as started"),
-            Err(err) => err.to_string(),
-        };
-        assert!(err.contains("already in use"), "{err}");
-        let calls = calls(state.path());
-        assert!(
-            calls.iter().all(|c| !c.starts_with("rm ")),
-            "the other container is left alone: {calls:?}"
-        );
-    }
-
-    #[test]
-    fn a_container_that_exits_fails_with_its_log_and_is_removed() {
-        let state = tempfile::tempdir().unwrap();
-        let engine = fake_engine(state.path());
-        std::fs::write(state.path().join("exit_on_run"), "").unwrap();
-        let err = match Container::start(&engine, fake_spec(state.path().join("log"), false)) {
-            Ok(_) => panic!("a container that exits must not count as started"),
-            Err(err) => err,
-        };
-        let text = err.to_string();
-        assert!(
-            text.contains("is exited") && text.contains("fatal: broken image") && text.contains("fix the fake"),
-            "{text}"
-        );
-        let calls = calls(state.path());
-        assert!(
-            calls.last().unwrap().starts_with("rm -f -v exactly-testkit-fake-"),
-            "{calls:?}"
-        );
-    }
-
-    #[test]
-    fn run_timed_captures_both_streams() {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
-        let finished = run_timed(&mut cmd, Duration::from_secs(5)).unwrap();
-        assert_eq!(finished.status.and_then(|s| s.code()), Some(3));
-        assert_eq!(finished.stdout.trim(), "out");
-        assert_eq!(finished.stderr.trim(), "err");
+    fn operations_run_from_inside_other_runtimes() {
+        let current = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert_eq!(current.block_on(async { block(|| async { 1 + 1 }) }), 2);
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        multi.block_on(async { block(tokio::task::yield_now) });
     }
 }

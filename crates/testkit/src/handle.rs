@@ -204,8 +204,8 @@ macro_rules! service_handle_methods {
         }
 
         #[doc = concat!(
-            "The ", $what, "'s log file (`None` when external). For a container it is fed live by \
-             `docker logs --follow`, and replaced by a full `docker logs` dump when a start fails."
+            "The ", $what, "'s log file (`None` when external). For a container it is fed live \
+             from the container's output."
         )]
         pub fn log_path(&self) -> Option<&std::path::Path> {
             self.handle.log_path()

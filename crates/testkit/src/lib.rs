@@ -9,8 +9,8 @@
 //! - [`KafkaBroker`]: an Apache Kafka broker (one KRaft node run from its
 //!   jars, or in a container), shared per test process or a test's own
 //!   (env override of the shared one: `EXACTLY_KAFKA_BOOTSTRAP`);
-//! - [`RedisServer`]: `redis-server` without persistence
-//!   (env override: `EXACTLY_REDIS_URL`).
+//! - [`RedisServer`]: `redis-server` without persistence, or in a
+//!   container (env override: `EXACTLY_REDIS_URL`).
 //!
 //! When the override variable is set, `start()` (and
 //! [`KafkaBroker::shared`]) only carry that address and stop nothing. A
@@ -22,22 +22,30 @@
 //!
 //! # Docker fallback
 //!
-//! PostgreSQL and Kafka are looked for in this order: the override variable
-//! (where it applies), the local programs (for Kafka: `java` and the jars
+//! Every service is looked for in this order: the override variable (where
+//! it applies), the local programs (for Kafka: `java` and the jars
 //! `.ci/install-services.sh` copies, see [`kafka::KAFKA_LIBS_ENV`]), then a
-//! Docker container ([`postgres::POSTGRES_IMAGE`]
-//! or [`kafka::KAFKA_IMAGE`], published on a free loopback port, removed
-//! with `docker rm -f -v` when the handle drops) when a Docker engine answers
-//! `docker version` within a few seconds (asked once per process, through
-//! the `docker` CLI, so `DOCKER_HOST` and docker contexts apply; the engine
-//! must publish ports on this machine's loopback).
+//! Docker container when an engine answers within a few seconds (asked once
+//! per process), then an error naming all three. Containers are driven
+//! through the `testcontainers` crate (its async runner, on a runtime of the
+//! testkit's own, so the synchronous API works inside and outside tokio
+//! tests) with the images of `testcontainers-modules` where they fit:
+//! PostgreSQL ([`postgres::POSTGRES_IMAGE`], `max_prepared_transactions` set
+//! on its command line), Redis ([`redis::REDIS_IMAGE`]); Kafka runs
+//! [`kafka::KAFKA_IMAGE`] as a generic image (single-node transaction-log
+//! settings, a cluster id of its own). `testcontainers` finds the engine
+//! (`DOCKER_HOST`, `~/.testcontainers.properties`, the local socket); the
+//! engine must publish ports on this machine's loopback. Published ports
+//! are bound to `127.0.0.1`; a container is removed (with its anonymous
+//! volumes) when its handle drops.
 //! [`DOCKER_MODE_ENV`] (`EXACTLY_TESTKIT_DOCKER`) steers this: `auto` (the
 //! default), `never` (no containers) or `always` (skip the local programs,
 //! e.g. to exercise the container path:
 //! `EXACTLY_TESTKIT_DOCKER=always cargo test -p exactly-testkit -- --ignored docker`).
 //! [`Backend`] tells which one a handle got. Containers are named
-//! `exactly-testkit-<service>-<pid>-<n>` and labelled `exactly.testkit=1`;
-//! the ones a killed test run left behind can be removed with
+//! `exactly-testkit-<service>-<pid>-<n>-<random>` and labelled
+//! `exactly.testkit=1`; the ones a killed test run left behind can be
+//! removed with
 //! `docker rm -f -v $(docker ps -aq --filter label=exactly.testkit=1)`.
 //!
 //! When nothing works, the error is [`TestkitError::BinaryNotFound`]: it

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::container::{self, strings, Container, ContainerSpec, DockerMode, Engine, Managed};
+use crate::container::{self, Container, ContainerSpec, DockerMode, Engine, Managed};
 use crate::error::{Result, TestkitError};
 use crate::handle::{Kind, Lifecycle, ServiceHandle};
 use crate::process::{self, Startup};
@@ -33,6 +33,9 @@ macro_rules! postgres_image {
     };
 }
 
+/// The tag of [`POSTGRES_IMAGE`] (the module's image is `postgres`).
+const POSTGRES_TAG: &str = "15";
+
 /// The image the testkit runs when it starts PostgreSQL in a Docker
 /// container.
 pub const POSTGRES_IMAGE: &str = postgres_image!();
@@ -42,8 +45,8 @@ const CONTAINER_SERVICE: &str = "PostgreSQL (container)";
 const OS_USER: &str = "postgres";
 const FIX_INSTALL: &str = concat!(
     "install PostgreSQL (`apt-get install -y postgresql`, or run .ci/install-services.sh); or \
-     make a Docker engine answer the `docker` CLI (install Docker and start the engine, or point \
-     DOCKER_HOST at one) so that the testkit runs ",
+     make a Docker engine answer (install Docker and start the engine, or point DOCKER_HOST at \
+     one) so that the testkit runs ",
     postgres_image!(),
     " in a container; or set EXACTLY_DATABASE_URL=postgres://USER@HOST:PORT/DB to use an \
      existing server with max_prepared_transactions > 0"
@@ -494,23 +497,24 @@ impl Drop for Cluster {
     }
 }
 
-/// A [`POSTGRES_IMAGE`] container with trust authentication for `postgres`
-/// and the testkit's settings, ready once the server started by the image
-/// after its initialisation accepts TCP connections.
+/// A [`POSTGRES_IMAGE`] container (the PostgreSQL image of
+/// `testcontainers-modules`) with trust authentication for `postgres` and
+/// the testkit's settings, ready once the server started by the image after
+/// its initialisation accepts TCP connections.
 fn start_container(engine: &Engine) -> Result<(Container, TempDir)> {
+    use testcontainers::core::IntoContainerPort;
+    use testcontainers::ImageExt;
     let dir = process::service_temp_dir(CONTAINER_SERVICE, "exactly-postgres-")?;
-    let options = |_port: u16| {
-        strings(&[
-            "-e",
-            "POSTGRES_HOST_AUTH_METHOD=trust",
-            "-e",
-            "POSTGRES_INITDB_ARGS=--locale=C --encoding=UTF8 --no-sync",
-        ])
-    };
-    // Same settings as a local cluster (see `Cluster::init`).
-    let mut command = strings(&["postgres", "-c"]);
-    command.push(format!("max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}"));
-    command.extend(strings(&["-c", "fsync=off"]));
+    let request = container::create(|port| {
+        testcontainers_modules::postgres::Postgres::default()
+            .with_host_auth()
+            .with_tag(POSTGRES_TAG)
+            .with_env_var("POSTGRES_INITDB_ARGS", "--locale=C --encoding=UTF8 --no-sync")
+            // Same settings as a local cluster (see `Cluster::init`); the
+            // image's entrypoint passes them to `postgres`.
+            .with_cmd(command_line())
+            .with_mapped_port(port, CONTAINER_PORT.tcp())
+    });
     let container = Container::start(
         engine,
         ContainerSpec {
@@ -518,15 +522,25 @@ fn start_container(engine: &Engine) -> Result<(Container, TempDir)> {
             slug: "postgres",
             image: POSTGRES_IMAGE,
             inner_port: Some(CONTAINER_PORT),
-            options: Box::new(options),
-            command,
+            request,
             ready: container_ready,
             fresh_on_restart: false,
+            before_remove: None,
             log: dir.path().join("server.log"),
             fix: FIX_CONTAINER,
         },
     )?;
     Ok((container, dir))
+}
+
+/// The server's settings in the container: those of a local cluster.
+fn command_line() -> Vec<String> {
+    vec![
+        "-c".into(),
+        format!("max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}"),
+        "-c".into(),
+        "fsync=off".into(),
+    ]
 }
 
 /// Whether the container's final server is up. The image first runs a
@@ -578,5 +592,15 @@ mod tests {
         ] {
             assert!(text.contains(part), "{part} missing from: {text}");
         }
+    }
+
+    #[test]
+    fn the_container_gets_the_local_clusters_settings() {
+        let args = command_line().join(" ");
+        assert_eq!(
+            args,
+            format!("-c max_prepared_transactions={MAX_PREPARED_TRANSACTIONS} -c fsync=off")
+        );
+        assert!(POSTGRES_IMAGE.ends_with(&format!(":{POSTGRES_TAG}")));
     }
 }

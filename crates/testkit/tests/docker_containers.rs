@@ -5,7 +5,9 @@
 //! EXACTLY_TESTKIT_DOCKER=always cargo test -p exactly-testkit -- --ignored docker
 //! ```
 //!
-//! The first run pulls the images (`apache/kafka:3.9.1`, `postgres:15`).
+//! The first run pulls the images (`apache/kafka:4.1.1`, `postgres:15`,
+//! `redis:7`). The testkit drives the containers through `testcontainers`;
+//! these tests look at them from the outside with the `docker` client.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -13,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use exactly_testkit::postgres::MAX_PREPARED_TRANSACTIONS;
-use exactly_testkit::{port_accepts, Backend, KafkaBroker, PostgresServer};
+use exactly_testkit::{port_accepts, Backend, KafkaBroker, PostgresServer, RedisServer};
 
 mod common;
 use common::*;
@@ -215,6 +217,42 @@ fn docker_postgres_runs_two_phase_commit_and_restarts_with_its_data() {
     assert_eq!(psql_in(&name, &["SELECT x FROM kept"]).as_deref(), Ok("42"));
 
     drop(pg);
+    assert!(!port_accepts(port), "port still open after drop");
+    assert_removed(&name);
+}
+
+// --------------------------------------------------------------------- Redis
+
+/// Redis's answer to `PING` on the published port.
+fn ping(port: u16) -> Vec<u8> {
+    let mut stream = connect(port);
+    stream.write_all(b"PING\r\n").expect("send PING");
+    let mut answer = [0u8; 5];
+    stream.read_exact(&mut answer).expect("PING answer");
+    answer.to_vec()
+}
+
+#[test]
+#[ignore = "needs a Docker engine: run `EXACTLY_TESTKIT_DOCKER=always cargo test -p exactly-testkit -- --ignored docker`"]
+fn docker_redis_answers_restarts_and_is_removed() {
+    init_tracing();
+    let mut redis = RedisServer::start_own().expect("start a Redis container");
+    let name = assert_in_container(redis.backend(), redis.container_name(), "exactly-testkit-redis-");
+    assert_labelled(&name);
+    let port = redis.port();
+    assert_eq!(redis.url(), format!("redis://127.0.0.1:{port}/"));
+    assert_eq!(ping(port), b"+PONG");
+    let log = redis.log_path().expect("a log file").to_path_buf();
+    assert!(log_contains(&log, "Ready to accept connections"), "log {log:?}");
+
+    redis.stop().expect("stop");
+    assert!(!redis.is_running());
+    assert!(!port_accepts(port), "port still open after stop");
+    redis.restart().expect("restart");
+    assert_eq!(redis.port(), port);
+    assert_eq!(ping(port), b"+PONG");
+
+    drop(redis);
     assert!(!port_accepts(port), "port still open after drop");
     assert_removed(&name);
 }

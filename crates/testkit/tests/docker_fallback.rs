@@ -10,7 +10,7 @@ use std::path::Path;
 
 use exactly_testkit::kafka::{KAFKA_BOOTSTRAP_ENV, KAFKA_IMAGE, KAFKA_INSTALL, KAFKA_LIBS_ENV};
 use exactly_testkit::postgres::{DATABASE_URL_ENV, POSTGRES_IMAGE};
-use exactly_testkit::redis::REDIS_URL_ENV;
+use exactly_testkit::redis::{REDIS_IMAGE, REDIS_URL_ENV};
 use exactly_testkit::{KafkaBroker, PostgresServer, RedisServer, TestkitError, DOCKER_MODE_ENV};
 
 /// The error of a start that must fail, as text (`Display` and `Debug` are
@@ -31,12 +31,12 @@ fn assert_mentions(text: &str, parts: &[&str]) {
     }
 }
 
-/// Part of the reason docker gives (no engine at the socket), or of ours
-/// when the `docker` program itself is missing.
+/// The error names where the engine was looked for (`DOCKER_HOST`, set to
+/// a socket that does not exist).
 fn assert_names_docker_failure(text: &str) {
     assert!(
-        text.contains("nonexistent.sock") || text.contains("`docker` program is not on PATH"),
-        "the error does not say why Docker failed:\n{text}"
+        text.contains("DOCKER_HOST=unix:///nonexistent.sock"),
+        "the error does not say where Docker was asked:\n{text}"
     );
 }
 
@@ -83,6 +83,20 @@ fn without_a_docker_engine_the_errors_name_every_option() {
         ],
     );
     assert_names_docker_failure(&pg);
+
+    // Redis has a container path too: with `always` it asks Docker.
+    let redis = failure("Redis", RedisServer::start());
+    assert_mentions(
+        &redis,
+        &[
+            "EXACTLY_TESTKIT_DOCKER=always skips the local programs",
+            "no Docker engine answered",
+            "apt-get install -y redis-server",
+            REDIS_IMAGE,
+            REDIS_URL_ENV,
+        ],
+    );
+    assert_names_docker_failure(&redis);
 
     // An environment override wins for the shared broker, which then is
     // the external one; a broker of the test's own ignores it.
@@ -138,11 +152,17 @@ fn without_a_docker_engine_the_errors_name_every_option() {
         ],
     );
 
-    // Redis has no container fallback, and says so.
-    let redis = failure("Redis", RedisServer::start());
+    // Redis without `redis-server` (PATH holds only the fake java) and
+    // without Docker names the other ways.
+    let redis = failure("Redis without Docker", RedisServer::start());
     assert_mentions(
         &redis,
-        &["no container fallback for Redis", "apt-get install -y redis-server"],
+        &[
+            "cannot find `redis-server`",
+            "Docker was not tried because EXACTLY_TESTKIT_DOCKER=never",
+            "apt-get install -y redis-server",
+            REDIS_URL_ENV,
+        ],
     );
 
     // A misspelt mode is an error, not a silent default.

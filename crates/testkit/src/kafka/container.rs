@@ -1,5 +1,14 @@
 //! The Docker fallback: the official `apache/kafka` image as one KRaft node,
-//! for machines without a Java runtime or the broker's jars.
+//! for machines without a Java runtime or the broker's jars, started through
+//! `testcontainers`.
+//!
+//! A [`GenericImage`] rather than the Kafka image of `testcontainers-modules`:
+//! the module fixes the cluster id (every fresh broker here gets one of its
+//! own, so tests can tell clusters apart) and its listener layout, and its
+//! start script cannot be told to keep a bind-mounted data folder deletable.
+//! The broker listens on the published port inside the container too, so
+//! the advertised `127.0.0.1:PORT` is right on both sides, with the same
+//! single-node transaction-log settings as a local broker.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -10,9 +19,15 @@ use tempfile::TempDir;
 use super::install::KAFKA_VERSION;
 use super::jvm::{new_cluster_id, CLUSTER_ID, LOG_FILE, TEST_SETTINGS};
 use super::ready;
-use crate::container::{strings, Container, ContainerSpec, Engine};
+use testcontainers::core::{ContainerPort, WaitFor};
+use testcontainers::{GenericImage, ImageExt};
+
+use crate::container::{self, Container, ContainerSpec, Engine};
 use crate::error::{Result, TestkitError};
 use crate::process;
+
+/// The image's name (its tag is [`KAFKA_VERSION`]).
+const KAFKA_IMAGE_NAME: &str = "apache/kafka";
 
 /// Expands to the Apache Kafka image of the Docker fallback (a macro so that
 /// `concat!` can use it); the same release as [`KAFKA_VERSION`].
@@ -78,14 +93,6 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
         }
     };
     let persistent = mount.is_some();
-    // Files Kafka creates in a bind mount belong to the image's user;
-    // umask 0 lets the caller delete them afterwards. The image's own
-    // start script (its default command) does the rest.
-    let command = if persistent {
-        strings(&["-c", "umask 0000 && exec /etc/kafka/docker/run"])
-    } else {
-        Vec::new()
-    };
     let settings = settings.to_vec();
     // A cluster of its own, except where a data folder is reused (see
     // `CLUSTER_ID`); kept across restarts of this broker.
@@ -94,23 +101,30 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
     } else {
         new_cluster_id()
     };
-    let options = move |port: u16| -> Vec<String> {
-        let mut options = Vec::new();
+    let request = container::create(move |port: u16| {
+        let image = GenericImage::new(KAFKA_IMAGE_NAME, KAFKA_VERSION)
+            .with_exposed_port(ContainerPort::Tcp(port))
+            .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"));
+        // Files Kafka creates in a bind mount belong to the image's user;
+        // umask 0 lets the caller delete them afterwards. The image's own
+        // start script (its default command) does the rest.
+        let image = if persistent {
+            image.with_entrypoint("/bin/sh")
+        } else {
+            image
+        };
+        let mut request = image.with_mapped_port(port, ContainerPort::Tcp(port));
+        if persistent {
+            request = request.with_cmd(["-c", "umask 0000 && exec /etc/kafka/docker/run"]);
+        }
         if let Some(data) = &mount {
-            // `--mount` (not `-v`) so a `:` in the path is no separator.
-            options.push("--mount".into());
-            options.push(format!(
-                "type=bind,source={},target={CONTAINER_LOG_DIRS}",
-                data.display()
-            ));
-            options.extend(strings(&["--entrypoint", "/bin/sh"]));
+            request = request.with_mount(container::bind(data, CONTAINER_LOG_DIRS));
         }
         for (name, value) in kafka_env(port, &cluster_id, &settings) {
-            options.push("-e".into());
-            options.push(format!("{name}={value}"));
+            request = request.with_env_var(name, value);
         }
-        options
-    };
+        request
+    });
     let container = Container::start(
         engine,
         ContainerSpec {
@@ -118,10 +132,10 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
             slug: "kafka",
             image: KAFKA_IMAGE,
             inner_port: None,
-            options: Box::new(options),
-            command,
+            request,
             ready: |container| ready::metadata_answered(container.port()).is_some(),
             fresh_on_restart: !persistent,
+            before_remove: None,
             log,
             fix: FIX_CONTAINER,
         },
@@ -203,6 +217,11 @@ mod tests {
         }
         let clash: HashMap<_, _> = kafka_env(9093, CLUSTER_ID, &[]).into_iter().collect();
         assert_eq!(clash["KAFKA_LISTENERS"], "PLAINTEXT://:9093,CONTROLLER://:9094");
+    }
+
+    #[test]
+    fn the_image_is_the_release_the_kit_runs() {
+        assert_eq!(KAFKA_IMAGE, format!("{KAFKA_IMAGE_NAME}:{KAFKA_VERSION}"));
     }
 
     #[test]
