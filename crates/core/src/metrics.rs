@@ -36,8 +36,22 @@ use crate::record::Record;
 /// Upper bounds (microseconds) of the buckets of the duration histograms:
 /// 1 ms to 2 min.
 pub const DURATION_BUCKETS_US: [u64; 16] = [
-    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
-    10_000_000, 30_000_000, 60_000_000, 120_000_000,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    60_000_000,
+    120_000_000,
 ];
 
 /// A histogram of durations with fixed buckets ([`DURATION_BUCKETS_US`]).
@@ -360,7 +374,9 @@ impl Metrics {
     /// Sink subtask `subtask` now holds `n` pre-committed transactions that
     /// wait for their checkpoint.
     pub fn set_pending_transactions(&self, subtask: usize, n: usize) {
-        self.subtask(subtask).pending_transactions.store(n as u64, Ordering::Relaxed);
+        self.subtask(subtask)
+            .pending_transactions
+            .store(n as u64, Ordering::Relaxed);
     }
 
     /// Subtask index `subtask` (source and sink) belongs to region `region`.
@@ -517,7 +533,11 @@ impl Metrics {
         let reason = scopes.iter().find_map(|(region, s)| {
             let whose = region.map_or_else(String::new, |r| format!("region {r}: "));
             if !s.completed_since_start {
-                let when = if s.restarts == 0 { "the start" } else { "the latest restart" };
+                let when = if s.restarts == 0 {
+                    "the start"
+                } else {
+                    "the latest restart"
+                };
                 return Some(format!(
                     "{whose}no checkpoint completed since {when}: recovering, or checkpoints fail"
                 ));
@@ -577,7 +597,11 @@ mod tests {
         assert_eq!((subtasks[1].records_read, subtasks[1].bytes_read), (2, 8));
         assert_eq!(subtasks[0].region, None);
         m.restarted();
-        assert_eq!(m.snapshot().pending_transactions, 0, "recovery owns them after a restart");
+        assert_eq!(
+            m.snapshot().pending_transactions,
+            0,
+            "recovery owns them after a restart"
+        );
     }
 
     /// The timeout classification follows the coordinator's own wording.
@@ -590,7 +614,10 @@ mod tests {
             tolerable_failures: 5,
         };
         let mut c = Coordinator::new(config, 1, 1, None, None, 0);
-        assert!(matches!(c.handle(Event::Tick { now_ms: 10 })[..], [Action::Trigger { .. }]));
+        assert!(matches!(
+            c.handle(Event::Tick { now_ms: 10 })[..],
+            [Action::Trigger { .. }]
+        ));
         let actions = c.handle(Event::Tick { now_ms: 200 });
         let Some(Action::Abort { reason, .. }) = actions.first() else {
             panic!("no abort after the timeout: {actions:?}");
@@ -639,8 +666,15 @@ mod tests {
         m.restarted_in(Some(1));
         let regions = m.regions();
         assert_eq!(regions[&0].completed, 1);
-        assert_eq!((regions[&1].completed, regions[&1].timed_out, regions[&1].restarts), (1, 1, 1));
-        assert_eq!(m.snapshot().checkpoints_completed, 2, "the pipeline adds up its regions");
+        assert_eq!(
+            (regions[&1].completed, regions[&1].timed_out, regions[&1].restarts),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            m.snapshot().checkpoints_completed,
+            2,
+            "the pipeline adds up its regions"
+        );
         assert_eq!(m.subtasks()[1].region, Some(1));
         assert_eq!(m.snapshot().pending_transactions, 1, "only region 1's were reset");
         let r = m.readiness(Duration::from_secs(60));
