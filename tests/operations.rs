@@ -201,11 +201,17 @@ fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>
 
 /// `exactly ARGS...`: status, stdout, stderr.
 fn exactly(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    exactly_with_env(args, &[])
+}
+
+/// [`exactly`] with extra environment variables.
+fn exactly_with_env(args: &[&str], env: &[(&str, &str)]) -> (std::process::ExitStatus, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_exactly"))
         .args(args)
         .env("RUST_LOG", "info")
         .env_remove("EXACTLY_CRASH_AT")
         .env_remove("EXACTLY_DELAY_AT")
+        .envs(env.iter().copied())
         .output()
         .expect("running the exactly binary");
     (
@@ -686,7 +692,12 @@ fn json_logs_and_a_progress_line_only_on_a_terminal() {
     };
 
     let piped = write("piped");
-    let (status, _, stderr) = exactly(&["--log-format", "json", "run", piped.to_str().unwrap()]);
+    // The same backlog as on the terminal below (the first pre-commit
+    // waits 3 s), so a progress line would have had time to show.
+    let (status, _, stderr) = exactly_with_env(
+        &["--log-format", "json", "run", piped.to_str().unwrap()],
+        &[("EXACTLY_DELAY_AT", "sink.after_pre_commit:1=3s")],
+    );
     assert!(status.success(), "{stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(lines.len() > 3, "{stderr}");
@@ -711,6 +722,9 @@ fn json_logs_and_a_progress_line_only_on_a_terminal() {
     let out = Command::new("script")
         .args(["-q", "-e", "-c", &command, "/dev/null"])
         .env("RUST_LOG", "warn")
+        // The first pre-commit waits, so the backlog lasts a few seconds
+        // whatever the machine's speed.
+        .env("EXACTLY_DELAY_AT", "sink.after_pre_commit:1=3s")
         .stdin(std::process::Stdio::null())
         .output()
         .expect("`script` (util-linux) runs the pipeline on a pseudo-terminal; install bsdutils / util-linux");

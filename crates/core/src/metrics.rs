@@ -385,11 +385,6 @@ impl Metrics {
         self.region(region);
     }
 
-    /// Checkpoint `id` completed (persisted) after `duration_ms`.
-    pub(crate) fn checkpoint_completed(&self, id: u64, duration_ms: u64) {
-        self.checkpoint_completed_in(None, id, duration_ms);
-    }
-
     /// Checkpoint `id` of `region` (`None`: the one region of global
     /// failover) completed after `duration_ms`.
     pub fn checkpoint_completed_in(&self, region: Option<usize>, id: u64, duration_ms: u64) {
@@ -419,11 +414,6 @@ impl Metrics {
     }
     pub(crate) fn store_cleanup_failed(&self) {
         self.store_cleanup_failures.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The pipeline restarts after a failure.
-    pub(crate) fn restarted(&self) {
-        self.restarted_in(None);
     }
 
     /// `region` (`None`: the whole pipeline) restarts after a failure: it
@@ -596,7 +586,7 @@ mod tests {
         assert_eq!((subtasks[0].records_written, subtasks[0].records_read), (1, 0));
         assert_eq!((subtasks[1].records_read, subtasks[1].bytes_read), (2, 8));
         assert_eq!(subtasks[0].region, None);
-        m.restarted();
+        m.restarted_in(None);
         assert_eq!(
             m.snapshot().pending_transactions,
             0,
@@ -637,15 +627,15 @@ mod tests {
         let r = m.readiness(Duration::from_secs(60));
         assert!(!r.ready);
         assert!(r.reason.as_deref().unwrap().contains("since the start"), "{r:?}");
-        m.checkpoint_completed(3, 20);
+        m.checkpoint_completed_in(None, 3, 20);
         let r = m.readiness(Duration::from_secs(60));
         assert!(r.ready, "{r:?}");
         assert_eq!(r.last_checkpoint, 3);
-        m.restarted();
+        m.restarted_in(None);
         let r = m.readiness(Duration::from_secs(60));
         assert!(!r.ready);
         assert!(r.reason.as_deref().unwrap().contains("latest restart"), "{r:?}");
-        m.checkpoint_completed(4, 20);
+        m.checkpoint_completed_in(None, 4, 20);
         std::thread::sleep(Duration::from_millis(30));
         let r = m.readiness(Duration::from_millis(10));
         assert!(!r.ready, "too old: {r:?}");

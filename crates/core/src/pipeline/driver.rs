@@ -251,7 +251,7 @@ impl<'p> Driver<'p> {
                     .map(|(_, t)| t.elapsed().as_millis() as u64)
                     .unwrap_or_default();
                 info!(%checkpoint, duration_ms = duration, "checkpoint complete");
-                self.pipeline.metrics.checkpoint_completed(checkpoint.0, duration);
+                self.pipeline.metrics.checkpoint_completed_in(self.region.index, checkpoint.0, duration);
                 self.made_progress = true;
                 self.last_completed = Some(checkpoint);
                 if self.final_id == Some(checkpoint) {
@@ -267,7 +267,7 @@ impl<'p> Driver<'p> {
             }
             Action::Abort { checkpoint, reason } => {
                 warn!(%checkpoint, %reason, "checkpoint aborted; its transactions roll into the next checkpoint");
-                self.pipeline.metrics.checkpoint_aborted_in(None, &reason);
+                self.pipeline.metrics.checkpoint_aborted_in(self.region.index, &reason);
                 if self.final_id == Some(checkpoint) {
                     self.final_id = None;
                     self.coordinator.handle(Event::RequestCheckpoint);

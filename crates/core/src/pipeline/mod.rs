@@ -161,6 +161,11 @@ impl Pipeline {
             Some(r) => info_span!("region", region = r),
             None => info_span!("region", region = "global"),
         };
+        if let Some(r) = region.index {
+            for &subtask in region.sources.iter().chain(&region.sinks) {
+                self.metrics.assign_region(subtask, r);
+            }
+        }
         let result = async {
             let mut attempt = 0u32;
             loop {
@@ -181,7 +186,7 @@ impl Pipeline {
                             });
                         };
                         warn!(error = %failure.error, attempt, ?delay, region = %region.label(), "failed; restarting from its latest complete checkpoint");
-                        self.metrics.restarted();
+                        self.metrics.restarted_in(region.index);
                         tokio::time::sleep(delay).await;
                     }
                 }
