@@ -251,7 +251,9 @@ impl<'p> Driver<'p> {
                     .map(|(_, t)| t.elapsed().as_millis() as u64)
                     .unwrap_or_default();
                 info!(%checkpoint, duration_ms = duration, "checkpoint complete");
-                self.pipeline.metrics.checkpoint_completed_in(self.region.index, checkpoint.0, duration);
+                self.pipeline
+                    .metrics
+                    .checkpoint_completed_in(self.region.index, checkpoint.0, duration);
                 self.made_progress = true;
                 self.last_completed = Some(checkpoint);
                 if self.final_id == Some(checkpoint) {
