@@ -21,29 +21,31 @@ use prometheus_client::registry::{Registry, Unit};
 use super::lag::PartitionLag;
 
 /// The metrics the endpoint serves: name, type, labels besides `pipeline`,
-/// meaning. (The README's table is this list.)
+/// meaning. (The README's table is this list.) `region` is there in region
+/// failover only.
 pub const METRIC_NAMES: &[(&str, &str, &str, &str)] = &[
-    ("exactly_records_read_total", "counter", "subtask", "records read by source subtask `subtask`"),
-    ("exactly_read_bytes_total", "counter", "subtask", "their key and value bytes"),
-    ("exactly_records_written_total", "counter", "subtask", "records written into transactions by sink subtask `subtask` (replays after a restart count again)"),
-    ("exactly_written_bytes_total", "counter", "subtask", "their key and value bytes"),
+    ("exactly_records_read_total", "counter", "subtask, region", "records read by source subtask `subtask`"),
+    ("exactly_read_bytes_total", "counter", "subtask, region", "their key and value bytes"),
+    ("exactly_records_written_total", "counter", "subtask, region", "records written into transactions by sink subtask `subtask` (replays after a restart count again)"),
+    ("exactly_written_bytes_total", "counter", "subtask, region", "their key and value bytes"),
     ("exactly_dead_letters_total", "counter", "", "records sent to the sink's dead-letter destination"),
     ("exactly_checkpoints_completed_total", "counter", "", "checkpoints persisted"),
     ("exactly_checkpoints_failed_total", "counter", "", "checkpoints aborted, every cause (declined, timed out, persist failed)"),
     ("exactly_checkpoints_timed_out_total", "counter", "", "of those, the ones that timed out"),
     ("exactly_checkpoint_duration_seconds", "histogram", "", "trigger to persisted, per completed checkpoint"),
     ("exactly_commit_latency_seconds", "histogram", "", "checkpoint completed to transaction committed, per transaction"),
+    ("exactly_commits_total", "counter", "", "transactions committed"),
     ("exactly_last_checkpoint_id", "gauge", "", "id of the latest completed checkpoint (0: none yet)"),
     ("exactly_last_checkpoint_age_seconds", "gauge", "", "seconds since it completed (absent before the first)"),
     ("exactly_restarts_total", "counter", "", "restarts after failures"),
     ("exactly_slow_checkpoint_writes_total", "counter", "", "checkpoint writes still running after the checkpoint timeout"),
     ("exactly_checkpoint_cleanup_failures_total", "counter", "", "old checkpoint entries that could not be removed"),
-    ("exactly_pending_transactions", "gauge", "subtask", "transactions sink subtask `subtask` pre-committed (prepared) that wait for their checkpoint"),
+    ("exactly_pending_transactions", "gauge", "subtask, region", "transactions sink subtask `subtask` pre-committed (prepared) that wait for their checkpoint"),
     ("exactly_ready", "gauge", "", "1 when /health/ready answers 200"),
     ("exactly_consumer_lag_records", "gauge", "topic, partition", "end offset minus the latest checkpoint's position (Kafka source)"),
     ("exactly_kafka_sink_lost_transactions_total", "counter", "", "pre-committed Kafka transactions the broker refused to commit (Kafka sink, on_lost_transaction = \"warn\")"),
     ("exactly_kafka_source_transient_errors_total", "counter", "", "client errors the Kafka source rode out"),
-    ("exactly_region_checkpoints_completed_total", "counter", "region", "per region, once the runtime checkpoints regions apart; likewise `_failed_total`, `_timed_out_total`, `exactly_region_restarts_total`, `exactly_region_last_checkpoint_id`"),
+    ("exactly_region_checkpoints_completed_total", "counter", "region", "checkpoints persisted per region (region failover); likewise `_failed_total`, `_timed_out_total`, `exactly_region_restarts_total`, `exactly_region_last_checkpoint_id`"),
 ];
 
 type Labels = Vec<(String, String)>;
