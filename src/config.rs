@@ -579,6 +579,27 @@ payload = { from = "value", type = "jsonb" }
     }
 
     #[test]
+    fn the_metrics_section_is_checked() {
+        let f = PipelineFile::parse(&format!("{GOOD}[metrics]\nlisten = \"127.0.0.1:9464\"\n"), "p.toml").unwrap();
+        assert_eq!(
+            f.metrics.listen_address("p.toml").unwrap(),
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let e = PipelineFile::parse(&format!("{GOOD}[metrics]\nlisten = \"localhost\"\n"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("metrics.listen") && e.contains("127.0.0.1:9464"), "{e}");
+        let e = PipelineFile::parse(&format!("{GOOD}[metrics]\nlag_interval = \"0s\"\n"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("metrics.lag_interval"), "{e}");
+        let e = PipelineFile::parse(&format!("{GOOD}[metrics]\nlisen = \"x\"\n"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lisen"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let e = PipelineFile::parse(&GOOD.replace("interval", "intervall"), "p.toml")
             .unwrap_err()

@@ -51,6 +51,9 @@ pub(crate) async fn connect_any(config: &WireConfig) -> Result<KafkaConnection, 
     for server in config.servers() {
         match KafkaConnection::connect_with(server, &config.options).await {
             Ok(connection) => return Ok(connection),
+            // Refused credentials, an untrusted certificate, a listener of
+            // another protocol: the other servers would say the same.
+            Err(error) if !error.is_retriable() => return Err(error),
             Err(error) => {
                 debug!(%server, %error, "bootstrap server unreachable");
                 last = Some(error);

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::WireError;
+use crate::security::{Security, SecurityProperties};
 
 /// How long a request may wait for its answer unless configured otherwise.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -14,9 +15,7 @@ pub const DEFAULT_COORDINATOR_WAIT: Duration = Duration::from_secs(30);
 /// The client id sent with every request unless configured otherwise.
 pub const DEFAULT_CLIENT_ID: &str = "exactly-kafka-wire";
 
-const FIX_TLS: &str = "use a PLAINTEXT listener for exactly's raw-protocol calls";
-
-/// Settings of one connection: client id and timeouts.
+/// Settings of one connection: client id, timeouts and security.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionOptions {
     /// Sent as `client_id` in every request header.
@@ -25,6 +24,8 @@ pub struct ConnectionOptions {
     pub connect_timeout: Duration,
     /// Limit for each request, from sending it to its complete answer.
     pub request_timeout: Duration,
+    /// TLS and SASL (plain TCP by default). `Debug` hides the password.
+    pub security: Security,
 }
 
 impl Default for ConnectionOptions {
@@ -33,15 +34,15 @@ impl Default for ConnectionOptions {
             client_id: DEFAULT_CLIENT_ID.to_string(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            security: Security::default(),
         }
     }
 }
 
 /// A bootstrap list (`HOST:PORT[,HOST:PORT...]`) plus [`ConnectionOptions`].
 ///
-/// Only plain TCP is implemented: a `SSL://` or `SASL_*://` server, or a
-/// `security.protocol` other than `plaintext`, is refused with
-/// [`WireError::Unsupported`] naming the setting.
+/// Connections are plain TCP unless the properties given to
+/// [`from_properties`](Self::from_properties) ask for TLS or SASL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WireConfig {
     bootstrap: String,
@@ -57,8 +58,9 @@ pub struct WireConfig {
 }
 
 impl WireConfig {
-    /// Parses `bootstrap` (`HOST:PORT[,HOST:PORT...]`, an optional
-    /// `PLAINTEXT://` prefix per server is accepted).
+    /// Parses `bootstrap` (`HOST:PORT[,HOST:PORT...]`; a `PLAINTEXT://`,
+    /// `SSL://`, `SASL_PLAINTEXT://` or `SASL_SSL://` prefix per server is
+    /// accepted and, as in librdkafka, `security.protocol` decides).
     pub fn new(bootstrap: &str) -> Result<WireConfig, WireError> {
         let servers = bootstrap
             .split(',')
@@ -81,11 +83,22 @@ impl WireConfig {
     }
 
     /// Like [`new`](Self::new), then applies librdkafka-style client
-    /// `properties`: `security.protocol` must be `plaintext` (anything else,
-    /// and any `sasl.mechanism(s)`, is [`WireError::Unsupported`]);
-    /// `client.id`, `socket.connection.setup.timeout.ms` and
-    /// `request.timeout.ms`/`socket.timeout.ms` are honoured; every other
-    /// key is ignored (they tune librdkafka, not this client).
+    /// `properties`, the same ones librdkafka gets:
+    ///
+    /// - `security.protocol` (`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`,
+    ///   `SASL_SSL`); with SASL, `sasl.mechanism` (`PLAIN`, `SCRAM-SHA-256`,
+    ///   `SCRAM-SHA-512`; GSSAPI and OAUTHBEARER are
+    ///   [`WireError::Unsupported`]), `sasl.username`, `sasl.password`;
+    /// - with TLS, `ssl.ca.location` (a PEM file or folder; without it the
+    ///   system's trust store), `ssl.ca.pem`, `ssl.certificate.location` +
+    ///   `ssl.key.location` (an unencrypted PEM key),
+    ///   `ssl.endpoint.identification.algorithm` (`https`, the default, or
+    ///   `none`: the CA is checked, not the host name) and
+    ///   `enable.ssl.certificate.verification`;
+    /// - `client.id`, `socket.connection.setup.timeout.ms` and
+    ///   `request.timeout.ms`/`socket.timeout.ms`.
+    ///
+    /// Every other key is ignored (they tune librdkafka, not this client).
     pub fn from_properties<'a, I, K, V>(bootstrap: &str, properties: I) -> Result<WireConfig, WireError>
     where
         I: IntoIterator<Item = (&'a K, &'a V)>,
@@ -93,9 +106,14 @@ impl WireConfig {
         V: AsRef<str> + ?Sized + 'a,
     {
         let mut config = WireConfig::new(bootstrap)?;
+        let mut security = SecurityProperties::default();
         for (key, value) in properties {
-            config.apply(key.as_ref(), value.as_ref())?;
+            let (key, value) = (key.as_ref(), value.as_ref());
+            if !security.take(key, value)? {
+                config.apply(key, value)?;
+            }
         }
+        config.options.security = security.finish()?;
         Ok(config)
     }
 
@@ -111,18 +129,6 @@ impl WireConfig {
                 })
         };
         match key {
-            "security.protocol" if !value.trim().eq_ignore_ascii_case("plaintext") => {
-                return Err(WireError::Unsupported {
-                    what: format!("security.protocol={value} (TLS and SASL)"),
-                    fix: FIX_TLS,
-                });
-            }
-            "sasl.mechanism" | "sasl.mechanisms" => {
-                return Err(WireError::Unsupported {
-                    what: format!("SASL authentication ({key}={value})"),
-                    fix: FIX_TLS,
-                });
-            }
             "client.id" => self.options.client_id = value.to_string(),
             "request.timeout.ms" | "socket.timeout.ms" => self.options.request_timeout = millis()?,
             "socket.connection.setup.timeout.ms" => self.options.connect_timeout = millis()?,
@@ -142,15 +148,18 @@ impl WireConfig {
     }
 }
 
-/// `HOST:PORT` of one bootstrap entry, refusing TLS/SASL listeners.
+/// `HOST:PORT` of one bootstrap entry.
 fn parse_server(server: &str) -> Result<String, WireError> {
     let address = match server.split_once("://") {
         None => server,
-        Some((scheme, address)) if scheme.eq_ignore_ascii_case("plaintext") => address,
+        Some((scheme, address)) if crate::security::SecurityProtocol::parse(scheme).is_some() => address,
         Some((scheme, _)) => {
-            return Err(WireError::Unsupported {
-                what: format!("the {scheme} listener `{server}` (TLS and SASL)"),
-                fix: FIX_TLS,
+            return Err(WireError::InvalidConfig {
+                key: "bootstrap.servers".into(),
+                message: format!(
+                    "`{server}` has the unknown scheme `{scheme}`; write HOST:PORT (security.protocol chooses TLS \
+                     and SASL)"
+                ),
             });
         }
     };
@@ -182,18 +191,34 @@ mod tests {
     }
 
     #[test]
-    fn refuses_tls_and_sasl() {
-        let err = WireConfig::new("SSL://broker:9093").unwrap_err();
-        assert!(matches!(err, WireError::Unsupported { .. }), "{err}");
-        assert!(err.to_string().contains("SSL listener"), "{err}");
+    fn reads_tls_and_sasl_settings() {
+        let config = WireConfig::new("SASL_SSL://broker:9093,SSL://b2:9094").unwrap();
+        assert_eq!(config.servers(), ["broker:9093", "b2:9094"]);
+        let err = WireConfig::new("HTTPS://broker:9093").unwrap_err();
+        assert!(matches!(err, WireError::InvalidConfig { .. }), "{err}");
 
-        for (key, value) in [
-            ("security.protocol", "ssl"),
-            ("security.protocol", "SASL_SSL"),
-            ("security.protocol", "sasl_plaintext"),
-            ("sasl.mechanism", "PLAIN"),
-        ] {
-            let properties = BTreeMap::from([(key.to_string(), value.to_string())]);
+        let properties = BTreeMap::from([
+            ("security.protocol".to_string(), "SASL_SSL".to_string()),
+            ("sasl.mechanism".to_string(), "SCRAM-SHA-256".to_string()),
+            ("sasl.username".to_string(), "exactly".to_string()),
+            ("sasl.password".to_string(), "not-in-debug".to_string()),
+            ("ssl.ca.location".to_string(), "/etc/kafka-ca.pem".to_string()),
+        ]);
+        let config = WireConfig::from_properties("127.0.0.1:9093", &properties).unwrap();
+        let security = &config.options.security;
+        assert_eq!(security.protocol, crate::SecurityProtocol::SaslSsl);
+        assert_eq!(
+            security.sasl.as_ref().unwrap().mechanism,
+            crate::SaslMechanism::ScramSha256
+        );
+        assert!(security.tls.as_ref().unwrap().ca_location.is_some());
+        assert!(!format!("{config:?}").contains("not-in-debug"));
+
+        for (key, value) in [("sasl.mechanism", "OAUTHBEARER"), ("sasl.mechanism", "GSSAPI")] {
+            let properties = BTreeMap::from([
+                ("security.protocol".to_string(), "sasl_plaintext".to_string()),
+                (key.to_string(), value.to_string()),
+            ]);
             let err = WireConfig::from_properties("127.0.0.1:9092", &properties).unwrap_err();
             assert!(matches!(err, WireError::Unsupported { .. }), "{key}={value}: {err}");
             assert!(err.to_string().contains(value), "{err}");

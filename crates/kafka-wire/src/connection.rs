@@ -1,5 +1,5 @@
-//! One TCP connection to one broker: framing, headers, correlation ids and
-//! the ApiVersions handshake.
+//! One connection to one broker (TCP, or TLS over TCP): framing, headers,
+//! correlation ids, the ApiVersions handshake and SASL authentication.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -9,12 +9,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes, VersionRange};
 use kafka_protocol::ResponseError;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, trace};
 
 use crate::config::ConnectionOptions;
 use crate::error::WireError;
+use crate::security::SecurityProtocol;
 
 /// Largest response frame accepted (a fetch answer is bounded by the
 /// request's `max_bytes`, far below this).
@@ -29,11 +30,17 @@ pub(crate) const fn versions(min: i16, max: i16) -> VersionRange {
     VersionRange { min, max }
 }
 
+/// The byte stream under a connection: TCP, or TLS over TCP.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + std::fmt::Debug {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + std::fmt::Debug> Stream for T {}
+
 /// An open connection to one Kafka broker.
 ///
-/// [`connect`](Self::connect) opens the socket and performs the ApiVersions
-/// handshake, so [`version`](Self::version) can pick, for each API, the
-/// highest version both sides support. [`request`](Self::request) sends one
+/// [`connect`](Self::connect) opens the socket, sets up TLS and performs
+/// the ApiVersions handshake, so [`version`](Self::version) can pick, for
+/// each API, the highest version both sides support, then authenticates
+/// with SASL when the [`ConnectionOptions::security`] say so. [`request`](Self::request) sends one
 /// request and waits for its answer; requests are not pipelined.
 ///
 /// After an I/O error, a timeout or a protocol violation the connection is
@@ -41,7 +48,8 @@ pub(crate) const fn versions(min: i16, max: i16) -> VersionRange {
 #[derive(Debug)]
 pub struct KafkaConnection {
     addr: String,
-    stream: Option<TcpStream>,
+    stream: Option<Box<dyn Stream>>,
+    protocol: SecurityProtocol,
     next_correlation_id: i32,
     client_id: StrBytes,
     request_timeout: Duration,
@@ -54,8 +62,9 @@ impl KafkaConnection {
         Self::connect_with(addr, &ConnectionOptions::default()).await
     }
 
-    /// Connects to `addr` (`HOST:PORT`) and performs the ApiVersions
-    /// handshake.
+    /// Connects to `addr` (`HOST:PORT`), sets up TLS if the options ask
+    /// for it, performs the ApiVersions handshake and authenticates with
+    /// SASL if the options ask for it.
     pub async fn connect_with(addr: &str, options: &ConnectionOptions) -> Result<KafkaConnection, WireError> {
         let connect_error = |source| WireError::Connect {
             addr: addr.to_string(),
@@ -72,15 +81,36 @@ impl KafkaConnection {
             .map_err(connect_error)?;
         // Requests are small and answered one at a time: don't let Nagle delay them.
         stream.set_nodelay(true).map_err(connect_error)?;
+        let security = &options.security;
+        let stream: Box<dyn Stream> = match &security.tls {
+            Some(tls) if security.protocol.uses_tls() => {
+                let config = crate::tls::client_config(tls)?;
+                let handshake = crate::tls::handshake(config, addr, stream);
+                let tls = tokio::time::timeout(options.connect_timeout, handshake)
+                    .await
+                    .map_err(|_| {
+                        connect_error(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("no TLS handshake within {:?}", options.connect_timeout),
+                        ))
+                    })??;
+                Box::new(tls)
+            }
+            _ => Box::new(stream),
+        };
         let mut connection = KafkaConnection {
             addr: addr.to_string(),
             stream: Some(stream),
+            protocol: security.protocol,
             next_correlation_id: 0,
             client_id: StrBytes::from_string(options.client_id.clone()),
             request_timeout: options.request_timeout,
             broker_versions: BTreeMap::new(),
         };
         connection.handshake().await?;
+        if let Some(sasl) = security.sasl.as_ref().filter(|_| security.protocol.uses_sasl()) {
+            crate::sasl::authenticate(&mut connection, sasl).await?;
+        }
         Ok(connection)
     }
 
@@ -217,18 +247,26 @@ impl KafkaConnection {
             });
         };
         trace!(broker = %self.addr, ?api, version, correlation_id, ?body, "request");
-        let outcome = tokio::time::timeout(self.request_timeout, roundtrip(stream, &frame)).await;
+        let outcome = tokio::time::timeout(self.request_timeout, roundtrip(stream.as_mut(), &frame)).await;
         let result = match outcome {
             Err(_) => Err(WireError::Timeout {
                 addr: self.addr.clone(),
                 api,
                 after: self.request_timeout,
             }),
-            Ok(Err(source)) if source.kind() == io::ErrorKind::UnexpectedEof => Err(WireError::Closed {
+            Ok(Err(Failed::TlsRecord)) if !self.protocol.uses_tls() => Err(WireError::TlsExpected {
+                addr: self.addr.clone(),
+                protocol: self.protocol,
+            }),
+            Ok(Err(Failed::TlsRecord)) => Err(WireError::Protocol {
+                addr: self.addr.clone(),
+                message: "a TLS record inside the TLS connection instead of a Kafka answer".into(),
+            }),
+            Ok(Err(Failed::Io(source))) if source.kind() == io::ErrorKind::UnexpectedEof => Err(WireError::Closed {
                 addr: self.addr.clone(),
                 api,
             }),
-            Ok(Err(source)) => Err(WireError::Io {
+            Ok(Err(Failed::Io(source))) => Err(WireError::Io {
                 addr: self.addr.clone(),
                 api,
                 source,
@@ -287,11 +325,30 @@ impl KafkaConnection {
     }
 }
 
+/// Why a round trip failed.
+enum Failed {
+    Io(io::Error),
+    /// The answer starts like a TLS record (an alert or a handshake
+    /// message), not with a frame length: the listener speaks TLS.
+    TlsRecord,
+}
+
+impl From<io::Error> for Failed {
+    fn from(error: io::Error) -> Failed {
+        Failed::Io(error)
+    }
+}
+
 /// Writes `frame` and reads one length-prefixed answer.
-async fn roundtrip(stream: &mut TcpStream, frame: &[u8]) -> io::Result<Bytes> {
+async fn roundtrip(stream: &mut dyn Stream, frame: &[u8]) -> Result<Bytes, Failed> {
     stream.write_all(frame).await?;
     stream.flush().await?;
-    let length = stream.read_i32().await?;
+    let mut prefix = [0u8; 4];
+    stream.read_exact(&mut prefix).await?;
+    if looks_like_tls(prefix) {
+        return Err(Failed::TlsRecord);
+    }
+    let length = i32::from_be_bytes(prefix);
     let length = usize::try_from(length)
         .ok()
         .filter(|length| *length <= MAX_FRAME)
@@ -299,6 +356,13 @@ async fn roundtrip(stream: &mut TcpStream, frame: &[u8]) -> io::Result<Bytes> {
     let mut payload = vec![0; length];
     stream.read_exact(&mut payload).await?;
     Ok(Bytes::from(payload))
+}
+
+/// Whether 4 bytes start a TLS record (content type alert 21 or handshake
+/// 22, major version 3): as a frame length they would exceed 350 MB, far
+/// beyond [`MAX_FRAME`], so no Kafka answer starts like this.
+pub(crate) fn looks_like_tls(prefix: [u8; 4]) -> bool {
+    matches!(prefix, [0x15 | 0x16, 0x03, 0x00..=0x04, _])
 }
 
 /// Decodes a response header or body, naming the API on failure.

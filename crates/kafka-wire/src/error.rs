@@ -13,8 +13,8 @@ use kafka_protocol::ResponseError;
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     /// A client setting asks for something this crate does not implement
-    /// yet (TLS, SASL, ...). `what` names the setting and its value.
-    #[error("{what} is not yet supported by exactly-kafka-wire (plain TCP only); {fix}")]
+    /// (GSSAPI, keystores, ...). `what` names the setting and its value.
+    #[error("{what} is not supported by exactly-kafka-wire; {fix}")]
     Unsupported {
         /// The unsupported feature and the setting that asked for it.
         what: String,
@@ -64,6 +64,62 @@ pub enum WireError {
         addr: String,
         /// The API of the request in flight.
         api: ApiKey,
+    },
+
+    /// TLS could not be set up with the broker: its certificate is not
+    /// trusted or not issued for the host, it speaks no TLS, ... Not
+    /// retriable: a setting must change.
+    #[error("TLS with Kafka broker {addr} failed: {problem}; fix: {fix}")]
+    Tls {
+        /// The broker address.
+        addr: String,
+        /// What went wrong.
+        problem: String,
+        /// The setting that fixes it.
+        fix: String,
+    },
+
+    /// The broker answered in TLS (an alert) to a connection without TLS:
+    /// the listener is an `SSL` or `SASL_SSL` one. Not retriable.
+    #[error(
+        "Kafka broker {addr} speaks TLS on this listener, and this connection does not \
+         (security.protocol={protocol}); fix: set security.protocol=SSL, or SASL_SSL if the listener \
+         authenticates with SASL, and ssl.ca.location to the CA of its certificate"
+    )]
+    TlsExpected {
+        /// The broker address.
+        addr: String,
+        /// The `security.protocol` in use.
+        protocol: crate::security::SecurityProtocol,
+    },
+
+    /// SASL authentication could not even be attempted: the listener does
+    /// not enable the mechanism, or does not speak SASL. Not retriable.
+    #[error("SASL with Kafka broker {addr} failed: {problem}; fix: {fix}")]
+    Sasl {
+        /// The broker address.
+        addr: String,
+        /// What went wrong.
+        problem: String,
+        /// The setting that fixes it.
+        fix: String,
+    },
+
+    /// The broker refused the credentials (SASL_AUTHENTICATION_FAILED).
+    /// Not retriable.
+    #[error(
+        "Kafka broker {addr} refused the {mechanism} credentials of user `{username}`: {message}; \
+         fix: check sasl.username and sasl.password (and that the broker has {mechanism} credentials for the user)"
+    )]
+    Authentication {
+        /// The broker address.
+        addr: String,
+        /// The mechanism used.
+        mechanism: crate::security::SaslMechanism,
+        /// The user name (never the password).
+        username: String,
+        /// The broker's message.
+        message: String,
     },
 
     /// The broker did not answer in time. The connection is unusable
@@ -172,14 +228,16 @@ impl WireError {
 
     /// Whether retrying the same call later may succeed: the broker could
     /// not be reached, timed out, or answered with a retriable error code.
+    /// Refused credentials, TLS failures and settings that do not fit the
+    /// listener are not: a setting must change.
     pub fn is_retriable(&self) -> bool {
         match self {
             WireError::Connect { .. }
             | WireError::Io { .. }
             | WireError::Closed { .. }
             | WireError::Timeout { .. }
-            | WireError::NoBrokerReachable { .. }
             | WireError::Stalled { .. } => true,
+            WireError::NoBrokerReachable { last, .. } => last.is_retriable(),
             WireError::Broker { error, .. } => error.is_retriable(),
             _ => false,
         }

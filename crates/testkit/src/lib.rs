@@ -72,11 +72,12 @@ pub mod kafka;
 pub mod postgres;
 mod process;
 pub mod redis;
+pub mod tls;
 
 pub use container::DOCKER_MODE_ENV;
 pub use error::{Result, TestkitError};
 pub use handle::Backend;
-pub use kafka::{KafkaBroker, KafkaBrokerBuilder};
+pub use kafka::{KafkaBroker, KafkaBrokerBuilder, SecuredListener};
 pub use postgres::PostgresServer;
 pub use process::{free_port, port_accepts};
 pub use redis::RedisServer;

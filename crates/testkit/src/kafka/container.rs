@@ -104,7 +104,7 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
     let request = container::create(move |port: u16| {
         let image = GenericImage::new(KAFKA_IMAGE_NAME, KAFKA_VERSION)
             .with_exposed_port(ContainerPort::Tcp(port))
-            .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"));
+            .with_wait_for(WaitFor::message_on_either_std("Kafka Server started"));
         // Files Kafka creates in a bind mount belong to the image's user;
         // umask 0 lets the caller delete them afterwards. The image's own
         // start script (its default command) does the rest.

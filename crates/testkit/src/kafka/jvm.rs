@@ -81,7 +81,26 @@ pub(crate) struct BrokerSpec {
     /// Whether the kernel kills the broker when this process ends even if
     /// the handle was never dropped (a broker kept in a `static`).
     pub(crate) tied_to_process: bool,
+    /// A `SASL_SSL` listener besides the plaintext one.
+    pub(crate) secured: Option<SecuredSpec>,
 }
+
+/// The `SASL_SSL` listener of a secured broker: its certificate, the SASL
+/// mechanisms it enables and its one user.
+#[derive(Clone, Debug)]
+pub(crate) struct SecuredSpec {
+    /// The broker's certificate and key (PEM), signed by the test CA.
+    pub(crate) server: crate::tls::CertFiles,
+    /// Enabled mechanisms (`SCRAM-SHA-256`, `SCRAM-SHA-512`, `PLAIN`).
+    pub(crate) mechanisms: Vec<String>,
+    pub(crate) username: String,
+    pub(crate) password: String,
+}
+
+/// The listener name of the secured listener in `server.properties`.
+const SECURED_LISTENER: &str = "SASL_SSL";
+/// The PEM keystore (key, then certificate) of the secured listener.
+const KEYSTORE_FILE: &str = "keystore.pem";
 
 /// A broker JVM the test kit started, with the two ports it keeps across
 /// restarts.
@@ -89,6 +108,8 @@ pub(crate) struct JvmBroker {
     spec: BrokerSpec,
     port: u16,
     controller_port: u16,
+    /// The `SASL_SSL` port of a secured broker (0 otherwise).
+    secured_port: u16,
     log: PathBuf,
     child: Option<GroupChild>,
 }
@@ -99,6 +120,7 @@ impl std::fmt::Debug for JvmBroker {
             .field("dir", &self.spec.dir)
             .field("port", &self.port)
             .field("controller_port", &self.controller_port)
+            .field("secured_port", &self.secured_port)
             .finish()
     }
 }
@@ -119,12 +141,16 @@ impl JvmBroker {
             spec,
             port: 0,
             controller_port: 0,
+            secured_port: 0,
             log,
             child: None,
         };
         process::with_free_port(SERVICE, |port| {
             broker.port = port;
             broker.controller_port = process::free_port()?;
+            if broker.spec.secured.is_some() {
+                broker.secured_port = process::free_port()?;
+            }
             broker.write_config()?;
             broker.format_if_new()?;
             broker.spawn_and_wait()
@@ -135,6 +161,11 @@ impl JvmBroker {
     /// The client port.
     pub(crate) fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The `SASL_SSL` port of a secured broker.
+    pub(crate) fn secured_port(&self) -> Option<u16> {
+        self.spec.secured.as_ref().map(|_| self.secured_port)
     }
 
     /// The broker's folder.
@@ -150,6 +181,14 @@ impl JvmBroker {
     fn write_config(&self) -> Result<()> {
         let properties = self.spec.dir.join(PROPERTIES_FILE);
         fs::write(&properties, self.properties()).map_err(io(&properties))?;
+        if let Some(secured) = &self.spec.secured {
+            // Kafka's PEM keystore: the private key, then the certificate.
+            let read = |path: &Path| fs::read_to_string(path).map_err(io(path));
+            let keystore = self.spec.dir.join(KEYSTORE_FILE);
+            let text = format!("{}{}", read(&secured.server.key)?, read(&secured.server.cert)?);
+            fs::write(&keystore, text).map_err(io(&keystore))?;
+            crate::tls::restrict(&keystore)?;
+        }
         let log4j = self.spec.dir.join(LOG4J_FILE);
         fs::write(&log4j, LOG4J_PROPERTIES).map_err(io(&log4j))
     }
@@ -172,9 +211,49 @@ impl JvmBroker {
              log.dirs={}\n",
             data.display()
         );
+        if let Some(secured) = &self.spec.secured {
+            text.push_str(&self.secured_properties(secured));
+        }
         let caller = self.spec.settings.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         for (key, value) in TEST_SETTINGS.iter().copied().chain(caller) {
             text.push_str(&format!("{key}={value}\n"));
+        }
+        text
+    }
+
+    /// The `SASL_SSL` listener on 127.0.0.1, advertised as `localhost` (the
+    /// name its certificate is issued for): added to the listeners, with
+    /// the PEM keystore and the enabled mechanisms. Brokers and controller
+    /// keep talking over their plaintext listeners, so the node works as
+    /// before; SCRAM credentials are created at format time.
+    fn secured_properties(&self, secured: &SecuredSpec) -> String {
+        let (port, controller, secured_port) = (self.port, self.controller_port, self.secured_port);
+        let name = SECURED_LISTENER.to_ascii_lowercase();
+        let mut text = format!(
+            "listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller},\
+             {SECURED_LISTENER}://127.0.0.1:{secured_port}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{port},{SECURED_LISTENER}://localhost:{secured_port}\n\
+             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,{SECURED_LISTENER}:SASL_SSL\n\
+             listener.name.{name}.sasl.enabled.mechanisms={}\n\
+             listener.name.{name}.ssl.keystore.type=PEM\n\
+             listener.name.{name}.ssl.keystore.location={}\n\
+             listener.name.{name}.ssl.client.auth=none\n",
+            secured.mechanisms.join(","),
+            self.spec.dir.join(KEYSTORE_FILE).display(),
+        );
+        for mechanism in &secured.mechanisms {
+            let module = if mechanism == "PLAIN" {
+                format!(
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required user_{}=\"{}\";",
+                    secured.username, secured.password
+                )
+            } else {
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;".to_string()
+            };
+            text.push_str(&format!(
+                "listener.name.{name}.{}.sasl.jaas.config={module}\n",
+                mechanism.to_ascii_lowercase()
+            ));
         }
         text
     }
@@ -193,6 +272,14 @@ impl JvmBroker {
             .arg("kafka.tools.StorageTool")
             .args(["format", "--standalone", "--ignore-formatted", "-t", &cluster_id, "-c"])
             .arg(self.spec.dir.join(PROPERTIES_FILE));
+        if let Some(secured) = &self.spec.secured {
+            for mechanism in secured.mechanisms.iter().filter(|m| m.starts_with("SCRAM-")) {
+                format.arg("--add-scram").arg(format!(
+                    "{mechanism}=[name={},password={}]",
+                    secured.username, secured.password
+                ));
+            }
+        }
         process::run_command(SERVICE, &mut format, None, FIX_START).map(drop)
     }
 
@@ -415,9 +502,11 @@ mod tests {
                 settings: settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 heap: DEFAULT_HEAP.into(),
                 tied_to_process: false,
+                secured: None,
             },
             port: 41234,
             controller_port: 41235,
+            secured_port: 0,
             log: "/tmp/b/kafka.log".into(),
             child: None,
         }
@@ -467,6 +556,43 @@ mod tests {
                 "{id}"
             );
         }
+    }
+
+    #[test]
+    fn a_secured_broker_adds_a_sasl_ssl_listener_and_keeps_its_plaintext_ones() {
+        let mut secured = broker(&[]);
+        secured.secured_port = 41236;
+        secured.spec.secured = Some(SecuredSpec {
+            server: crate::tls::CertFiles {
+                cert: "/tmp/b/tls/broker.crt".into(),
+                key: "/tmp/b/tls/broker.key".into(),
+            },
+            mechanisms: vec!["SCRAM-SHA-256".into(), "PLAIN".into()],
+            username: "exactly".into(),
+            password: "pw".into(),
+        });
+        let text = secured.properties();
+        assert_eq!(
+            value(&text, "listeners").as_deref(),
+            Some("PLAINTEXT://127.0.0.1:41234,CONTROLLER://127.0.0.1:41235,SASL_SSL://127.0.0.1:41236")
+        );
+        assert_eq!(
+            value(&text, "advertised.listeners").as_deref(),
+            Some("PLAINTEXT://127.0.0.1:41234,SASL_SSL://localhost:41236")
+        );
+        assert_eq!(value(&text, "inter.broker.listener.name").as_deref(), Some("PLAINTEXT"));
+        assert_eq!(
+            value(&text, "listener.name.sasl_ssl.sasl.enabled.mechanisms").as_deref(),
+            Some("SCRAM-SHA-256,PLAIN")
+        );
+        assert_eq!(
+            value(&text, "listener.name.sasl_ssl.ssl.keystore.location").as_deref(),
+            Some("/tmp/b/keystore.pem")
+        );
+        assert!(value(&text, "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config")
+            .is_some_and(|v| v.contains("ScramLoginModule")));
+        assert!(value(&text, "listener.name.sasl_ssl.plain.sasl.jaas.config")
+            .is_some_and(|v| v.contains("user_exactly=\"pw\"")));
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //!   [`KafkaBroker::builder`]: a broker of the test's own, always started by
 //!   the kit whatever the environment says, which the test may stop,
 //!   restart, freeze or configure (`transaction.max.timeout.ms`, ...).
+//! - [`KafkaBrokerBuilder::sasl_ssl`]: such a broker with a `SASL_SSL`
+//!   listener too ([`KafkaBroker::secured`]): a certificate signed by a CA
+//!   made for the run, SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN for one user
+//!   with a random password.
 //!
 //! The jars come from [`KAFKA_LIBS_ENV`] or [`default_libs_dir`], put there
 //! by `.ci/install-services.sh`; `java` from `JAVA_HOME` or `PATH`.
@@ -29,7 +33,7 @@ use crate::error::{Result, TestkitError};
 use crate::handle::{Kind, ServiceHandle};
 use crate::process;
 use install::{Installation, SERVICE};
-use jvm::{BrokerSpec, JvmBroker, DEFAULT_HEAP};
+use jvm::{BrokerSpec, JvmBroker, SecuredSpec, DEFAULT_HEAP};
 
 /// Environment variable that points the testkit at an existing Kafka
 /// (`HOST:PORT[,HOST:PORT...]`) instead of the shared broker.
@@ -57,6 +61,52 @@ pub const DATA_DIR: &str = jvm::DATA_DIR;
 #[derive(Debug)]
 pub struct KafkaBroker {
     handle: ServiceHandle<Managed<JvmBroker>>,
+    secured: Option<SecuredListener>,
+}
+
+/// The `SASL_SSL` listener of a broker started with
+/// [`KafkaBrokerBuilder::sasl_ssl`].
+#[derive(Clone)]
+pub struct SecuredListener {
+    /// `localhost:PORT`: the name the broker's certificate is issued for.
+    pub bootstrap: String,
+    /// The PEM certificate of the CA that signed the broker's certificate.
+    pub ca_file: PathBuf,
+    /// The SASL user.
+    pub username: String,
+    /// Its password (SCRAM credentials and PLAIN alike).
+    pub password: String,
+    /// The enabled SASL mechanisms.
+    pub mechanisms: Vec<String>,
+}
+
+impl std::fmt::Debug for SecuredListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecuredListener")
+            .field("bootstrap", &self.bootstrap)
+            .field("ca_file", &self.ca_file)
+            .field("username", &self.username)
+            .field("password", &"***")
+            .field("mechanisms", &self.mechanisms)
+            .finish()
+    }
+}
+
+impl SecuredListener {
+    /// The librdkafka (and exactly-kafka-wire) properties of a client of
+    /// this listener authenticating with `mechanism`.
+    pub fn client_properties(&self, mechanism: &str) -> Vec<(String, String)> {
+        [
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", mechanism),
+            ("sasl.username", &self.username),
+            ("sasl.password", &self.password),
+            ("ssl.ca.location", &self.ca_file.display().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
 }
 
 static KIND: Kind = Kind::new(SERVICE, KAFKA_BOOTSTRAP_ENV, 9092);
@@ -82,7 +132,7 @@ impl KafkaBroker {
             return Ok(broker);
         }
         let broker = match ServiceHandle::from_env(&KIND) {
-            Some(handle) => KafkaBroker { handle },
+            Some(handle) => KafkaBroker { handle, secured: None },
             None => {
                 let mut builder = KafkaBroker::builder();
                 builder.tied_to_process = true;
@@ -124,7 +174,16 @@ impl KafkaBroker {
             data_dir: None,
             heap: DEFAULT_HEAP.into(),
             tied_to_process: false,
+            sasl_mechanisms: None,
         }
+    }
+
+    /// The `SASL_SSL` listener, for a broker started with
+    /// [`KafkaBrokerBuilder::sasl_ssl`]. [`bootstrap`](Self::bootstrap)
+    /// stays the plaintext listener of the same broker (for the test's own
+    /// set-up and checks).
+    pub fn secured(&self) -> Option<&SecuredListener> {
+        self.secured.as_ref()
     }
 
     /// The pid (and process group id) of the broker's JVM, while a broker
@@ -157,9 +216,27 @@ pub struct KafkaBrokerBuilder {
     data_dir: Option<PathBuf>,
     heap: String,
     tied_to_process: bool,
+    sasl_mechanisms: Option<Vec<String>>,
 }
 
+/// The mechanisms [`KafkaBrokerBuilder::sasl_ssl`] enables.
+pub const SECURED_MECHANISMS: [&str; 3] = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"];
+
 impl KafkaBrokerBuilder {
+    /// Adds a `SASL_SSL` listener (see [`KafkaBroker::secured`]) enabling
+    /// [`SECURED_MECHANISMS`]. Local jars only: a container broker is not
+    /// secured.
+    pub fn sasl_ssl(self) -> Self {
+        self.sasl_mechanisms(&SECURED_MECHANISMS)
+    }
+
+    /// Like [`sasl_ssl`](Self::sasl_ssl), enabling only `mechanisms` (out
+    /// of [`SECURED_MECHANISMS`]).
+    pub fn sasl_mechanisms(mut self, mechanisms: &[&str]) -> Self {
+        self.sasl_mechanisms = Some(mechanisms.iter().map(|m| m.to_string()).collect());
+        self
+    }
+
     /// Sets a broker property (`server.properties`; `KAFKA_*` for a
     /// container), e.g. `transaction.max.timeout.ms`,
     /// `transactional.id.expiration.ms`,
@@ -204,6 +281,14 @@ impl KafkaBrokerBuilder {
             docker::engine,
             || self.start_jvm(persistent_dir.as_deref()),
             |engine| {
+                if self.sasl_mechanisms.is_some() {
+                    return Err(TestkitError::Io {
+                        service: SERVICE,
+                        action: "starting a secured broker in a container".into(),
+                        fix: "run .ci/install-services.sh: a SASL_SSL broker runs from the local jars only",
+                        source: std::io::Error::other("the container broker has no SASL_SSL listener"),
+                    });
+                }
                 let started = container::start(engine, persistent_dir.as_deref(), &self.settings)?;
                 let port = started.container.port();
                 let handle = ServiceHandle::managed(
@@ -213,7 +298,7 @@ impl KafkaBrokerBuilder {
                     Managed::Container(Box::new(started.container)),
                     started.temp_dir,
                 );
-                Ok(KafkaBroker { handle })
+                Ok(KafkaBroker { handle, secured: None })
             },
             |searched| install::not_found("java and kafka_2.13-*.jar", searched),
         )
@@ -228,14 +313,26 @@ impl KafkaBrokerBuilder {
                 (temp.path().to_path_buf(), Some(temp))
             }
         };
+        let secured = match &self.sasl_mechanisms {
+            Some(mechanisms) => Some(secured_spec(&dir, mechanisms)?),
+            None => None,
+        };
         let broker = JvmBroker::start(BrokerSpec {
             install,
-            dir,
+            dir: dir.clone(),
             settings: self.settings.clone(),
             heap: self.heap.clone(),
             tied_to_process: self.tied_to_process,
+            secured: secured.clone(),
         })?;
         let port = broker.port();
+        let secured = secured.zip(broker.secured_port()).map(|(spec, port)| SecuredListener {
+            bootstrap: format!("localhost:{port}"),
+            ca_file: dir.join(TLS_DIR).join("ca.crt"),
+            username: spec.username,
+            password: spec.password,
+            mechanisms: spec.mechanisms,
+        });
         let handle = ServiceHandle::managed(
             &KIND,
             format!("127.0.0.1:{port}"),
@@ -243,8 +340,54 @@ impl KafkaBrokerBuilder {
             Managed::Local(broker),
             temp_dir,
         );
-        Ok(KafkaBroker { handle })
+        Ok(KafkaBroker { handle, secured })
     }
+}
+
+/// Folder (inside the broker's folder) of the secured listener's CA and
+/// certificate.
+const TLS_DIR: &str = "tls";
+
+/// A CA and a certificate for `localhost` in `<dir>/tls` (kept when the
+/// folder already has them: a broker started again on a persistent folder
+/// keeps its certificate and its user), and the user.
+fn secured_spec(dir: &Path, mechanisms: &[String]) -> Result<SecuredSpec> {
+    if let Some(unknown) = mechanisms.iter().find(|m| !SECURED_MECHANISMS.contains(&m.as_str())) {
+        return Err(TestkitError::InvalidSetting {
+            var: "KafkaBrokerBuilder::sasl_mechanisms",
+            value: unknown.clone(),
+            fix: "enable SCRAM-SHA-256, SCRAM-SHA-512 and/or PLAIN",
+        });
+    }
+    let tls = dir.join(TLS_DIR);
+    let user_file = tls.join("user");
+    let server = crate::tls::CertFiles {
+        cert: tls.join("broker.crt"),
+        key: tls.join("broker.key"),
+    };
+    let kept = std::fs::read_to_string(&user_file).ok().filter(|_| server.key.exists());
+    let (username, password) = match kept.as_deref().and_then(|text| text.split_once('\n')) {
+        Some((username, password)) => (username.to_string(), password.trim_end().to_string()),
+        None => {
+            let ca = crate::tls::TestCa::generate(&tls)?;
+            ca.server_cert("broker", &["localhost"])?;
+            let password = format!("kafka-secret-{}", jvm::new_cluster_id().replace(['-', '_'], "x"));
+            let username = "exactly".to_string();
+            std::fs::write(&user_file, format!("{username}\n{password}\n")).map_err(|source| TestkitError::Io {
+                service: SERVICE,
+                action: format!("writing {}", user_file.display()),
+                fix: "pass a writable directory",
+                source,
+            })?;
+            (username, password)
+        }
+    };
+    Ok(SecuredSpec {
+        server,
+        mechanisms: mechanisms.to_vec(),
+        username,
+        password,
+    })
 }
 
 /// Exit hook of the shared broker: kills it and removes its folder.
