@@ -223,7 +223,14 @@ fn list_checkpoints(file: &Path) -> Result<()> {
                         "{}{label}  id={} splits={} pending_transactions={}",
                         n.file_name,
                         n.id,
-                        e.checkpoint.positions.0.len(),
+                        // Not the sources' own bookkeeping (a Kafka source's
+                        // `<topic>@cluster:<id>`).
+                        e.checkpoint
+                            .positions
+                            .0
+                            .keys()
+                            .filter(|split| !split.contains('@'))
+                            .count(),
                         pending
                     );
                 }

@@ -332,12 +332,14 @@ fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
 
 /// The other negative control: at-least-once commits at the barrier, before
 /// the checkpoint is persisted, so a crash there replays committed records.
+/// `sink.after_pre_commit` comes right after such a commit of an interval
+/// with records, before the acknowledgement (so never persisted).
 #[test]
 fn at_least_once_shows_duplicates_after_a_crash_before_persist() {
     let setup = setup();
     let dir = tempfile::tempdir().unwrap();
     let (config, output) = setup.pipeline(dir.path(), "alo", "at-least-once", "");
-    crash_then_finish(&config, &["coordinator.before_persist:3"]);
+    crash_then_finish(&config, &["sink.after_pre_commit:3"]);
     let values = setup.output(&output, "at-least-once").values();
     let set: BTreeSet<String> = values.iter().cloned().collect();
     assert_eq!(set, expected(), "no loss");
