@@ -23,8 +23,13 @@
 //! a partition it does not list was created after that checkpoint and is read
 //! from its beginning (so records that arrived in it before a crash are not
 //! skipped). Every start position is resolved to a number before the first
-//! poll, so a checkpoint taken before any record arrived still pins the exact
-//! offset (`latest` never moves forward on a restart).
+//! poll, and the runtime persists them in checkpoint 0 before any record
+//! flows, so `latest` never moves forward on a restart. A partition the
+//! checkpoint lists but the metadata does not show at start keeps its
+//! checkpointed offset until it is back. Offsets are valid only on the
+//! cluster they were read from: the checkpoint records the cluster id
+//! (`<topic>@cluster:<id>`), and resuming against another cluster is refused,
+//! naming both ids, unless `accept_cluster_id` names the new one.
 //!
 //! After a checkpoint completes its offsets are committed to the consumer
 //! group (when `commit_offsets_to_group`) so lag tools see progress; they are
