@@ -45,7 +45,10 @@ pub(crate) const RESERVED_COLUMNS: [&str; 2] = ["exactly_gid", "exactly_seq"];
 #[serde(deny_unknown_fields)]
 pub struct PostgresSinkConfig {
     /// Connection string: `postgres://user:password@host:port/dbname` or the
-    /// `key=value` form. TLS is not supported (use `sslmode=disable` or `prefer`).
+    /// `key=value` form, with libpq's `sslmode` (`disable`, `prefer`,
+    /// `require`, `verify-ca`, `verify-full`), `sslrootcert`, `sslcert` and
+    /// `sslkey`; without a password, `PGPASSWORD` or the password file
+    /// (`PGPASSFILE`, `~/.pgpass`) is used (see the crate's TLS docs).
     pub url: String,
     /// Target table, `name` or `schema.name`. Parts are used exactly as written
     /// (case-sensitive); put a part in double quotes if it contains a dot.
@@ -400,6 +403,8 @@ fn parse_name(key: &str, value: &str) -> Result<QualifiedName, ConnectorError> {
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub pg: tokio_postgres::Config,
+    /// TLS of every connection (`sslmode`, `sslrootcert`, ...).
+    pub tls: crate::tls::TlsSettings,
     /// The URL without its password, for messages.
     pub url: String,
     /// The table as configured (used in gids, markers and messages).
@@ -452,20 +457,13 @@ impl PostgresSinkConfig {
     }
 
     pub(crate) fn settings(&self) -> Result<Settings, ConnectorError> {
-        let mut pg: tokio_postgres::Config = self.url.parse().map_err(|e| {
+        let (mut pg, tls) = crate::tls::parse(&self.url).map_err(|e| {
             invalid(
                 "url",
                 format!("cannot parse the connection string: {e}"),
-                "use postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+                "use postgres://USER@HOST:PORT/DATABASE?sslmode=verify-full&sslrootcert=CA.pem",
             )
         })?;
-        if pg.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(invalid(
-                "url",
-                "sslmode=require asks for TLS, which this sink does not support yet",
-                "use sslmode=prefer or sslmode=disable (or reach the server through a TLS tunnel)",
-            ));
-        }
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(std::time::Duration::from_secs(10));
         }
@@ -515,6 +513,7 @@ impl PostgresSinkConfig {
         Ok(Settings {
             url: crate::error::describe_url(&pg),
             pg,
+            tls,
             table_label: self.table.clone(),
             table,
             create_table: self.create_table,
@@ -813,7 +812,7 @@ raw = { from = "value", type = "bytea" }
         config.url = "postgres://host:notaport/db".into();
         let message = fatal_message(config.validate());
         assert!(message.contains("sink.postgres.url"), "{message}");
-        config.url = "postgres://u:secret@host/db?sslmode=require".into();
+        config.url = "postgres://u:secret@host/db?sslmode=allow".into();
         let message = fatal_message(config.validate());
         assert!(message.contains("sslmode") && !message.contains("secret"), "{message}");
 

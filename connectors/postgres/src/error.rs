@@ -34,8 +34,8 @@ pub(crate) fn describe_url(config: &tokio_postgres::Config) -> String {
 
 /// The connection string with its password hidden (for `Debug`).
 pub(crate) fn redact_url(url: &str) -> String {
-    match url.parse::<tokio_postgres::Config>() {
-        Ok(config) => describe_url(&config),
+    match crate::tls::parse(url) {
+        Ok((config, _)) => describe_url(&config),
         Err(_) => "<unparsable url>".into(),
     }
 }

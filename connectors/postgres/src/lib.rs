@@ -120,8 +120,21 @@
 //! ## Server requirements
 //!
 //! PostgreSQL 12 or newer; mode `two-phase` needs `max_prepared_transactions
-//! > 0` (checked in `recover`). TLS is not supported yet (the connection uses `NoTls`;
-//! `sslmode=require` is refused by the configuration check).
+//! > 0` (checked in `recover`).
+//!
+//! ## TLS and passwords
+//!
+//! Every connection (writing, committing, recovery, `exactly status`)
+//! takes libpq's `sslmode` (`disable`, `prefer` — the default —,
+//! `require`, `verify-ca`, `verify-full`), `sslrootcert` (a PEM file, or
+//! `system`), `sslcert` and `sslkey` from the connection string or from
+//! `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, with libpq's
+//! meaning (`require` checks the CA when a root certificate is given,
+//! `verify-full` also the host name), over rustls. Without a password in
+//! the URL, `PGPASSWORD` and then the password file (`PGPASSFILE`,
+//! `~/.pgpass`) are used. An untrusted or misnamed certificate, a server
+//! that requires TLS reached without it, and a wrong or missing password
+//! are fatal errors naming the setting to fix.
 
 #![warn(missing_docs)]
 
@@ -139,6 +152,7 @@ mod schema;
 mod sink;
 mod sql;
 mod status;
+mod tls;
 mod write;
 
 use std::sync::Arc;

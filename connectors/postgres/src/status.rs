@@ -8,10 +8,9 @@
 use std::time::Duration;
 
 use exactly_core::{CheckpointId, ConnectorError, PreparedTransaction};
-use tokio_postgres::NoTls;
 
 use crate::config::SinkMode;
-use crate::error::{classify, connect_error};
+use crate::error::classify;
 use crate::gid::gid_prefix;
 use crate::PostgresSinkFactory;
 
@@ -30,10 +29,7 @@ impl PostgresSinkFactory {
         let query = async {
             let mut config = settings.pg.clone();
             config.application_name(format!("exactly status {pipeline}"));
-            let (client, connection) = config
-                .connect(NoTls)
-                .await
-                .map_err(|e| connect_error(&settings.url, &e))?;
+            let (client, connection) = crate::tls::connect(&config, &settings.tls, &settings.url).await?;
             let driver = tokio::spawn(connection);
             let prefix = pipeline_prefix(pipeline, &settings.table_label);
             let rows = client

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use exactly_core::{ConnectorError, Record, SinkContext};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, ToStatement};
+use tokio_postgres::{Client, ToStatement};
 
 use crate::config::Settings;
 use crate::convert::{to_row, Cell, ColumnSpec};
-use crate::error::{classify, connect_error};
+use crate::error::classify;
 use crate::lock;
 
 /// Connects as `application_name` (see [`lock::application_name`]) and
@@ -19,10 +19,7 @@ use crate::lock;
 pub(crate) async fn connect(settings: &Settings, application_name: &str) -> Result<Client, ConnectorError> {
     let mut config = settings.pg.clone();
     config.application_name(application_name);
-    let (client, connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| connect_error(&settings.url, &e))?;
+    let (client, connection) = crate::tls::connect(&config, &settings.tls, &settings.url).await?;
     let url = settings.url.clone();
     tokio::spawn(async move {
         if let Err(e) = connection.await {

@@ -84,6 +84,41 @@ const CONTAINER_PORT: u16 = 5432;
 #[derive(Debug)]
 pub struct PostgresServer {
     handle: ServiceHandle<Managed<Cluster>>,
+    tls: Option<PostgresTls>,
+}
+
+/// What a client of a server started with [`PostgresServer::start_tls`]
+/// needs: the CA, the password, a client certificate, and a way in for the
+/// test's own checks.
+#[derive(Clone)]
+pub struct PostgresTls {
+    /// The PEM certificate of the CA that signed the server's certificate
+    /// (issued for `localhost` only).
+    pub ca_file: PathBuf,
+    /// The password of user `postgres` (scram-sha-256).
+    pub password: String,
+    /// A certificate for user [`CERT_USER`](Self::CERT_USER), who logs in
+    /// with it alone (`cert` authentication).
+    pub client: crate::tls::CertFiles,
+    /// A key-value connection string for user `postgres` over the Unix
+    /// socket (trust, no TLS): for the test's own set-up and checks.
+    pub admin_url: String,
+}
+
+impl PostgresTls {
+    /// The user of [`client`](Self::client).
+    pub const CERT_USER: &'static str = "exactly_cert";
+}
+
+impl std::fmt::Debug for PostgresTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresTls")
+            .field("ca_file", &self.ca_file)
+            .field("password", &"***")
+            .field("client", &self.client)
+            .field("admin_url", &self.admin_url)
+            .finish()
+    }
 }
 
 static KIND: Kind = Kind::new(SERVICE, DATABASE_URL_ENV, 5432);
@@ -107,9 +142,36 @@ impl PostgresServer {
     /// (`ALTER SYSTEM`) must use [`start_own`](Self::start_own) instead.
     pub fn start() -> Result<PostgresServer> {
         if let Some(handle) = ServiceHandle::from_env(&KIND) {
-            return Ok(PostgresServer { handle });
+            return Ok(PostgresServer { handle, tls: None });
         }
         Self::start_own()
+    }
+
+    /// A cluster of the caller's own (local binaries only) that accepts
+    /// TCP connections only over TLS: `ssl = on` with a certificate for
+    /// `localhost` signed by a CA made for this server, and `pg_hba.conf`
+    /// allowing `hostssl` with scram-sha-256 for every user (user
+    /// `postgres` gets a random password) and `cert` authentication for
+    /// [`PostgresTls::CERT_USER`]; Unix-socket connections are trusted
+    /// ([`PostgresTls::admin_url`]). [`url`](Self::url) is
+    /// `postgres://postgres@localhost:PORT/postgres?sslmode=verify-full&sslrootcert=<CA>`,
+    /// without the password ([`tls`](Self::tls) has it).
+    pub fn start_tls() -> Result<PostgresServer> {
+        let cluster = Cluster::create_with(true)?;
+        let port = cluster.port;
+        let tls = cluster.tls.clone().expect("a TLS cluster has its TLS files");
+        let url = format!(
+            "postgres://postgres@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={}",
+            tls.ca_file.display()
+        );
+        let handle = ServiceHandle::managed(&KIND, url, port, Managed::Local(cluster), None);
+        Ok(PostgresServer { handle, tls: Some(tls) })
+    }
+
+    /// The TLS files and password of a server started with
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls(&self) -> Option<&PostgresTls> {
+        self.tls.as_ref()
     }
 
     /// Like [`start`](Self::start), but always starts a cluster of the
@@ -133,7 +195,7 @@ impl PostgresServer {
         };
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
         let handle = ServiceHandle::managed(&KIND, url, port, managed, dir);
-        Ok(PostgresServer { handle })
+        Ok(PostgresServer { handle, tls: None })
     }
 
     service_handle_methods! {
@@ -284,6 +346,8 @@ struct Cluster {
     data_dir: PathBuf,
     log: PathBuf,
     running: bool,
+    /// TLS-only clusters ([`PostgresServer::start_tls`]).
+    tls: Option<PostgresTls>,
     /// Removed (with everything in it) after the cluster was stopped in
     /// `Drop`; declared last so it drops last.
     dir: TempDir,
@@ -291,6 +355,10 @@ struct Cluster {
 
 impl Cluster {
     fn create() -> Result<Cluster> {
+        Self::create_with(false)
+    }
+
+    fn create_with(tls: bool) -> Result<Cluster> {
         let bins = Binaries::find()?;
         let run_as = RunAs::detect()?;
         let dir = process::service_temp_dir(SERVICE, "exactly-postgres-")?;
@@ -319,14 +387,146 @@ impl Cluster {
             data_dir: dir.path().join("data"),
             log,
             running: false,
+            tls: None,
             dir,
         };
         cluster.init(&socket_dir)?;
+        if tls {
+            cluster.secure(&socket_dir)?;
+        }
         process::with_free_port(SERVICE, |port| {
             cluster.port = port;
             cluster.start()
         })?;
+        if tls {
+            cluster.create_cert_user(&socket_dir)?;
+        }
         Ok(cluster)
+    }
+
+    /// Makes the cluster TLS-only: certificates, `ssl = on`, a password
+    /// for `postgres` and a `pg_hba.conf` of `hostssl` lines only.
+    fn secure(&mut self, socket_dir: &Path) -> Result<()> {
+        let io = |action: String| {
+            move |source| TestkitError::Io {
+                service: SERVICE,
+                action,
+                fix: "make sure the temp dir is writable",
+                source,
+            }
+        };
+        let tls_dir = self.dir.path().join("tls");
+        let ca = crate::tls::TestCa::generate(&tls_dir)?;
+        let server = ca.server_cert("server", &["localhost"])?;
+        let client = ca.client_cert("client", PostgresTls::CERT_USER)?;
+        if let Some(user) = self.run_as {
+            for path in [&tls_dir, &server.cert, &server.key, &ca.ca_file().to_path_buf()] {
+                std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))
+                    .map_err(io(format!("handing {} to the postgres user", path.display())))?;
+            }
+        }
+        let password = format!("pg-secret-{}", random_suffix());
+        let settings = format!(
+            "\n# TLS only, added by exactly-testkit\n\
+             ssl = on\n\
+             ssl_cert_file = '{}'\n\
+             ssl_key_file = '{}'\n\
+             ssl_ca_file = '{}'\n\
+             password_encryption = 'scram-sha-256'\n",
+            server.cert.display(),
+            server.key.display(),
+            ca.ca_file().display()
+        );
+        let conf = self.data_dir.join("postgresql.conf");
+        OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .and_then(|mut file| file.write_all(settings.as_bytes()))
+            .map_err(io(format!("appending settings to {}", conf.display())))?;
+        let hba = format!(
+            "# written by exactly-testkit: TCP only over TLS\n\
+             local all all trust\n\
+             hostssl all {cert_user} 127.0.0.1/32 cert\n\
+             hostssl all {cert_user} ::1/128 cert\n\
+             hostssl all all 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all ::1/128 scram-sha-256\n",
+            cert_user = PostgresTls::CERT_USER
+        );
+        let hba_file = self.data_dir.join("pg_hba.conf");
+        fs::write(&hba_file, hba).map_err(io(format!("writing {}", hba_file.display())))?;
+        // The password is set in single-user mode, before the server
+        // listens: nothing else can see it being set.
+        let mut single = self.command(&self.bins.postgres);
+        single
+            .args(["--single", "-D"])
+            .arg(&self.data_dir)
+            .arg("postgres")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = single.spawn().map_err(io("starting postgres --single".into()))?;
+        let sql = format!("ALTER ROLE postgres PASSWORD '{password}';\n");
+        child
+            .stdin
+            .take()
+            .expect("piped stdin")
+            .write_all(sql.as_bytes())
+            .map_err(io("setting the password".into()))?;
+        let output = child.wait_with_output().map_err(io("setting the password".into()))?;
+        if !output.status.success() {
+            return Err(TestkitError::CommandFailed {
+                service: SERVICE,
+                command: "postgres --single (ALTER ROLE postgres PASSWORD ...)".into(),
+                status: output.status.to_string(),
+                output: String::from_utf8_lossy(&output.stderr).into_owned(),
+                fix: FIX_START,
+            });
+        }
+        let admin_url = format!(
+            "host={} port={{port}} user=postgres dbname=postgres sslmode=disable",
+            socket_dir.display()
+        );
+        self.tls = Some(PostgresTls {
+            ca_file: ca.ca_file().to_path_buf(),
+            password,
+            client,
+            admin_url,
+        });
+        Ok(())
+    }
+
+    /// Creates [`PostgresTls::CERT_USER`] (single-user mode cannot run
+    /// while the server does, so through `psql` on the socket), and fills
+    /// the port into the admin URL.
+    fn create_cert_user(&mut self, socket_dir: &Path) -> Result<()> {
+        let port = self.port;
+        if let Some(tls) = &mut self.tls {
+            tls.admin_url = tls.admin_url.replace("{port}", &port.to_string());
+        }
+        let psql = process::find_binary("psql", &versioned_bin_dirs()).ok_or_else(|| TestkitError::BinaryNotFound {
+            service: SERVICE,
+            binary: "psql",
+            searched: "PATH and /usr/lib/postgresql/*/bin".into(),
+            docker: "a TLS server runs from the local programs only".into(),
+            fix: "install postgresql-client (apt-get install -y postgresql-client, or run .ci/install-services.sh)",
+        })?;
+        let mut command = Command::new(psql);
+        command
+            .arg("-h")
+            .arg(socket_dir)
+            .args([
+                "-p",
+                &port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+            ])
+            .arg(format!("CREATE ROLE {} LOGIN SUPERUSER", PostgresTls::CERT_USER));
+        process::run_command(SERVICE, &mut command, Some(&self.log), FIX_START).map(drop)
     }
 
     /// A command that runs `program` as the cluster's OS user, in the temp
@@ -566,6 +766,22 @@ fn postgres_answers(port: u16) -> bool {
     let _ = stream.set_read_timeout(Some(timeout));
     let mut answer = [0u8; 1];
     stream.write_all(&SSL_REQUEST).is_ok() && stream.read_exact(&mut answer).is_ok() && matches!(answer[0], b'S' | b'N')
+}
+
+/// Random letters for a password (16 bytes of the kernel's random source,
+/// hex).
+fn random_suffix() -> String {
+    let mut bytes = [0u8; 16];
+    if let Ok(mut random) = fs::File::open("/dev/urandom") {
+        let _ = random.read_exact(&mut bytes);
+    }
+    if bytes == [0; 16] {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes = (nanos ^ (u128::from(std::process::id()) << 64)).to_be_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
