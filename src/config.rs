@@ -1,7 +1,10 @@
 //! The TOML pipeline file read by `exactly run`.
 //!
 //! Every key is checked: an unknown key, a wrong type or a bad value is reported
-//! with its name.
+//! with its name. Any string value may come from the environment or a file
+//! (`{ env = "NAME" }`, `{ file = "/run/secrets/name" }`; see [`secrets`]).
+
+pub mod secrets;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -288,18 +291,34 @@ impl PipelineFile {
             path: path.display().to_string(),
             source,
         })?;
-        let mut file = Self::parse(&text, &path.display().to_string())?;
         let base = path.parent().unwrap_or(Path::new("."));
+        let mut file = Self::parse_in(&text, &path.display().to_string(), Some(base))?;
         file.resolve_relative(base);
         Ok(file)
     }
 
-    /// Parses and checks TOML text; `origin` names it in errors.
+    /// Parses and checks TOML text; `origin` names it in errors. Relative
+    /// `{ file = … }` paths are relative to the current folder.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let file: PipelineFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        Self::parse_in(text, origin, None)
+    }
+
+    /// [`parse`](Self::parse), resolving `{ env = … }` / `{ file = … }`
+    /// values (relative files against `base`).
+    fn parse_in(text: &str, origin: &str, base: Option<&Path>) -> Result<Self, ConfigError> {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: origin.to_string(),
             message: e.to_string(),
-        })?;
+        };
+        let mut value: toml::Value = toml::from_str(text).map_err(parse_error)?;
+        // Without references the file is read straight from its text, so
+        // errors keep their line numbers.
+        let file: PipelineFile = if secrets::has_references(&value) {
+            secrets::resolve(&mut value, origin, base)?;
+            value.try_into().map_err(parse_error)?
+        } else {
+            toml::from_str(text).map_err(parse_error)?
+        };
         file.check(origin)?;
         Ok(file)
     }
@@ -513,6 +532,13 @@ impl PipelineFile {
 }
 
 #[cfg(test)]
+impl PipelineFile {
+    fn load_text_for_test(text: &str, base: &Path) -> Result<Self, String> {
+        Self::parse_in(text, "p.toml", Some(base)).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -597,6 +623,58 @@ payload = { from = "value", type = "jsonb" }
             .unwrap_err()
             .to_string();
         assert!(e.contains("lisen"), "{e}");
+    }
+
+    #[test]
+    fn secrets_come_from_the_environment_or_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kafka-password"), "kafka-file-secret\n").unwrap();
+        // SAFETY: no other test reads or writes this variable.
+        unsafe { std::env::set_var("EXACTLY_CONFIG_TEST_PG_URL", "postgres://app:pg-env-secret@db/shop") };
+        let text = r#"
+name = "p"
+[checkpoint]
+dir = "ck"
+[source.kafka]
+bootstrap = "127.0.0.1:9093"
+topic = "orders"
+properties = { "security.protocol" = "SASL_SSL", "sasl.mechanism" = "SCRAM-SHA-512", "sasl.username" = "exactly", "sasl.password" = { file = "kafka-password" } }
+[sink.postgres]
+url = { env = "EXACTLY_CONFIG_TEST_PG_URL" }
+table = "orders"
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+"#;
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, text).unwrap();
+        let file = PipelineFile::load(&path).unwrap();
+        let SourceSection::Kafka(kafka) = &file.source else {
+            panic!("a Kafka source")
+        };
+        assert_eq!(kafka.properties["sasl.password"], "kafka-file-secret");
+        let SinkSection::Postgres(pg) = &file.sink else {
+            panic!("a PostgreSQL sink")
+        };
+        assert_eq!(pg.url, "postgres://app:pg-env-secret@db/shop");
+        let debug = format!("{file:?}");
+        assert!(
+            !debug.contains("kafka-file-secret") && !debug.contains("pg-env-secret"),
+            "{debug}"
+        );
+
+        let e = PipelineFile::parse(
+            &text.replace("EXACTLY_CONFIG_TEST_PG_URL", "EXACTLY_CONFIG_TEST_UNSET"),
+            "p.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("sink.postgres.url") && e.contains("EXACTLY_CONFIG_TEST_UNSET"),
+            "{e}"
+        );
+        // Unknown keys are still named when the file has references.
+        let e = PipelineFile::load_text_for_test(&text.replace("table =", "tabel ="), dir.path()).unwrap_err();
+        assert!(e.contains("tabel"), "{e}");
     }
 
     #[test]

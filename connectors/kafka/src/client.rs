@@ -90,6 +90,11 @@ pub(crate) fn client_config<'a>(
 pub(crate) fn creation_error(what: &str, error: KafkaError) -> ConnectorError {
     let message = match &error {
         KafkaError::ClientConfig(_, description, key, value) => {
+            let value = if crate::config::is_secret_property(key) {
+                "***"
+            } else {
+                value.as_str()
+            };
             format!("librdkafka rejected the setting `{key}` = \"{value}\" ({description}); fix or remove it in `properties`")
         }
         other => other.to_string(),

@@ -52,7 +52,7 @@ const RESERVED_PROPERTIES: &[(&str, &str)] = &[
 ///
 /// Construct it with serde (TOML, JSON, ...) or [`KafkaSourceConfig::new`], then
 /// check it with [`KafkaSourceConfig::validate`] (the factory does so too).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSourceConfig {
     /// Bootstrap servers, `HOST:PORT[,HOST:PORT...]`.
@@ -110,6 +110,46 @@ pub struct KafkaSourceConfig {
     /// (fetching resumes 10 ms after the queue was full, instead of 1 s).
     #[serde(default, deserialize_with = "de_properties")]
     pub properties: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for KafkaSourceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSourceConfig")
+            .field("bootstrap", &self.bootstrap)
+            .field("topic", &self.topic)
+            .field("start", &self.start)
+            .field("group_id", &self.group_id)
+            .field("commit_offsets_to_group", &self.commit_offsets_to_group)
+            .field("partition_discovery_interval", &self.partition_discovery_interval)
+            .field("startup_timeout", &self.startup_timeout)
+            .field("stop_at_end", &self.stop_at_end)
+            .field("accept_cluster_id", &self.accept_cluster_id)
+            .field("properties", &RedactedProperties(&self.properties))
+            .finish()
+    }
+}
+
+/// Whether the librdkafka setting `key` holds a secret (`sasl.password`,
+/// `ssl.key.password`, `ssl.key.pem`, OAuth client secrets, ...), which
+/// `Debug` output and error messages show as `***`.
+pub fn is_secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("password") || key.contains("secret") || key == "ssl.key.pem" || key == "sasl.oauthbearer.config"
+}
+
+/// `properties` for `Debug`, secrets shown as `***`.
+pub(crate) struct RedactedProperties<'a>(pub(crate) &'a BTreeMap<String, String>);
+
+impl fmt::Debug for RedactedProperties<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(
+                self.0
+                    .iter()
+                    .map(|(k, v)| (k, if is_secret_property(k) { "***" } else { v.as_str() })),
+            )
+            .finish()
+    }
 }
 
 fn default_true() -> bool {
@@ -467,6 +507,20 @@ accept_cluster_id = "MkU3OEVBNTcwNTJENDM2Qk"
         assert_eq!(c.properties["fetch.max.bytes"], "1048576");
         assert_eq!(c.properties["check.crcs"], "true");
         assert_eq!(c.properties["client.id"], "me");
+    }
+
+    #[test]
+    fn debug_output_hides_secret_properties() {
+        let mut c = KafkaSourceConfig::new("127.0.0.1:9093", "orders");
+        c.properties.insert("sasl.password".into(), "s3cret-value".into());
+        c.properties.insert("ssl.key.password".into(), "k3y-value".into());
+        c.properties.insert("sasl.username".into(), "exactly".into());
+        let text = format!("{c:?}");
+        assert!(!text.contains("s3cret-value") && !text.contains("k3y-value"), "{text}");
+        assert!(
+            text.contains("\"sasl.password\": \"***\"") && text.contains("exactly"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -1299,7 +1299,7 @@ mod tests {
         config.transactional_id_prefix = Some("mine".into());
         let f = KafkaSinkFactory::new("copy", config.clone()).unwrap();
         assert_eq!(f.transactional_ids(0)[2], "mine-0-2");
-        config.properties.insert("security.protocol".into(), "ssl".into());
+        config.properties.insert("security.protocol".into(), "tls".into());
         let e = KafkaSinkFactory::new("copy", config).unwrap_err().to_string();
         assert!(e.starts_with("kafka sink: `properties`"), "{e}");
     }

@@ -9,7 +9,7 @@ use exactly_core::JsonPointer;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use crate::config::{check_bootstrap, check_properties, check_topic, de_properties, invalid};
+use crate::config::{check_bootstrap, check_properties, check_topic, de_properties, invalid, RedactedProperties};
 use crate::KafkaConfigError;
 
 /// Default of `transaction_timeout`: 15 minutes, the default of the
@@ -73,7 +73,7 @@ const RESERVED_PROPERTIES: &[(&str, &str)] = &[
 ///
 /// Construct it with serde (TOML, JSON, ...) or [`KafkaSinkConfig::new`], then
 /// check it with [`KafkaSinkConfig::validate`] (the factory does so too).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
     /// Bootstrap servers, `HOST:PORT[,HOST:PORT...]`.
@@ -132,6 +132,24 @@ pub struct KafkaSinkConfig {
     /// rejected by [`validate`](Self::validate).
     #[serde(default, deserialize_with = "de_properties")]
     pub properties: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for KafkaSinkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSinkConfig")
+            .field("bootstrap", &self.bootstrap)
+            .field("topic", &self.topic)
+            .field("key", &self.key)
+            .field("value", &self.value)
+            .field("transactional_id_prefix", &self.transactional_id_prefix)
+            .field("transaction_timeout", &self.transaction_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("on_lost_transaction", &self.on_lost_transaction)
+            .field("expected_restart_time", &self.expected_restart_time)
+            .field("timeout_warning_share", &self.timeout_warning_share)
+            .field("properties", &RedactedProperties(&self.properties))
+            .finish()
+    }
 }
 
 fn default_transaction_timeout() -> Duration {
