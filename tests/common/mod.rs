@@ -88,7 +88,33 @@ pub fn run_with_env(
 /// [`run_with_env`] for the `+<delay>` form), and checks from its log that
 /// it died at that very point (and subtask).
 pub fn run_killed_at(config: &Path, point: &str) {
-    let (status, log) = run(config, Some(point), &[]);
+    run_killed_at_with(config, point, &[]);
+}
+
+/// [`run_killed_at`] with extra arguments of `exactly run` (e.g.
+/// `--allow-parallelism-change`); returns the run's log.
+pub fn run_killed_at_with(config: &Path, point: &str, extra: &[&str]) -> String {
+    let (status, log) = run(config, Some(point), extra);
+    assert_killed_at(point, status, &log);
+    log
+}
+
+/// [`run_killed_at_with`] in the background: a run still going after
+/// `timeout` (its crash point never reached, as with an unbounded source)
+/// is killed and fails the test with its log, instead of hanging it.
+pub fn run_killed_within(config: &Path, point: &str, extra: &[&str], timeout: std::time::Duration) -> String {
+    let env: Vec<(&str, &str)> = match point.split_once('+') {
+        Some((crash, delay)) => vec![("EXACTLY_CRASH_AT", crash), ("EXACTLY_DELAY_AT", delay)],
+        None => vec![("EXACTLY_CRASH_AT", point)],
+    };
+    let (status, _, log) = wait(spawn_with(config, extra, &env), timeout);
+    assert_killed_at(point, status, &log);
+    log
+}
+
+/// Checks that a run ended by SIGKILL at `point` (and its subtask and hit),
+/// from its exit status and log.
+fn assert_killed_at(point: &str, status: ExitStatus, log: &str) {
     assert_eq!(
         status.signal(),
         Some(libc::SIGKILL),
@@ -189,9 +215,16 @@ pub fn spawn(config: &Path) -> Background {
 
 /// [`spawn`] with extra environment variables (e.g. `EXACTLY_DELAY_AT`).
 pub fn spawn_with_env(config: &Path, env: &[(&str, &str)]) -> Background {
+    spawn_with(config, &[], env)
+}
+
+/// [`spawn_with_env`] with extra arguments of `exactly run` (e.g.
+/// `--allow-parallelism-change`).
+pub fn spawn_with(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Background {
     let mut child = Command::new(env!("CARGO_BIN_EXE_exactly"))
         .arg("run")
         .arg(config)
+        .args(extra)
         .env("RUST_LOG", "info")
         .env_remove("EXACTLY_CRASH_AT")
         .env_remove("EXACTLY_DELAY_AT")
@@ -309,6 +342,9 @@ pub fn pending_files(out: &Path) -> std::collections::BTreeSet<String> {
 pub fn file_sink_into(out: &Path) -> String {
     format!("[sink.file]\ndir = {:?}", out.display().to_string())
 }
+
+/// Kafka → PostgreSQL orders: topics, a feed, pipeline files, table checks.
+pub mod orders;
 
 /// The folders of every checkpoint sequence of the pipeline whose folder is
 /// `pipeline_dir` (`<checkpoint dir>/<name>`): its `region-<i>` folders in

@@ -32,10 +32,12 @@ pub(crate) const MID_COPY: &str = "postgres_sink.mid_copy";
 /// See the module documentation.
 pub(crate) const BEFORE_PREPARE_ANSWER: &str = "postgres_sink.before_prepare_answer";
 
-/// Record data a COPY has taken when [`MID_COPY`] is reached: twice the
-/// 4 KiB the binary COPY writer buffers before it sends, so rows have left
-/// the process.
-pub(crate) const MID_COPY_BYTES: usize = 8 * 1024;
+/// Record data a COPY has taken when [`MID_COPY`] is reached: more than the
+/// 4 KiB the binary COPY writer buffers before it sends (a row takes at least
+/// its value's bytes encoded when the value is a column, as in the usual
+/// mappings), so rows have left the process; a planned crash also waits for
+/// the server to show them.
+pub(crate) const MID_COPY_BYTES: usize = 4 * 1024 + 512;
 
 /// How long a planned crash waits for the server to show its state.
 const SERVER_WAIT: Duration = Duration::from_secs(5);
