@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real services exactly's tests and demo start through
 # exactly-testkit: PostgreSQL (initdb/pg_ctl/postgres) and redis-server from
-# Debian's packages, and Apache Kafka's broker jars from Maven Central.
+# Debian's packages, and Apache Kafka's broker jars from Maven Central; and
+# OpenSSL's headers, which the build of rdkafka (with TLS) needs.
 #
 # Idempotent: installs only what is missing, and takes a second when
 # everything is there. Safe to run on every CI run.
@@ -60,6 +61,13 @@ else
 fi
 if ! command -v psql >/dev/null 2>&1 && [[ ! " ${packages[*]-} " == *" postgresql "* ]]; then
     packages+=(postgresql-client)
+fi
+# rdkafka is built with TLS against the system's OpenSSL (librdkafka's
+# build finds it through pkg-config).
+if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; then
+    log "OpenSSL headers present, skipping"
+else
+    packages+=(libssl-dev pkg-config)
 fi
 if have_java; then
     log "java present, skipping"
