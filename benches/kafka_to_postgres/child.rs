@@ -63,7 +63,7 @@ pub struct StderrSummary {
 
 /// Log lines worth a note under the table: (what the line contains, what it means).
 const WATCHED: [(&str, &str); 3] = [
-    ("pipeline failed; restarting", "restarts"),
+    ("failed; restarting from its latest complete checkpoint", "restarts"),
     (
         "partition discovery failed",
         "partition discovery requests that timed out after 5 s (the broker answered late)",
