@@ -15,7 +15,12 @@
 //!   other pending file of the pipeline's subtasks it owns (its own and, after
 //!   a lowering of the parallelism, those of the old subtasks it adopts; see
 //!   [`SinkContext::owned_subtasks`]). Files of other pipelines writing into
-//!   the same folder are never touched.
+//!   the same folder are never touched;
+//! - `check_replay_after` (asked before a fallback past unreadable checkpoint
+//!   entries) reads the checkpoint ids in the committed files' names: a
+//!   committed file of a later checkpoint is a commit the replay would
+//!   duplicate. Committed files must stay in the folder for that answer:
+//!   files a consumer moved away are not seen.
 //!
 //! Readers only ever see complete files whose checkpoint completed. `<run>` is a
 //! random tag per sink instance, so a checkpoint id reused after a rollback can
@@ -41,13 +46,14 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use exactly_core::{
-    erase, CheckpointId, ConnectorError, ErasedSink, Record, SinkContext, SinkFactory, TwoPhaseCommitSink,
+    erase, CheckpointId, ConnectorError, ErasedSink, Record, ReplayCheck, SinkContext, SinkFactory, TwoPhaseCommitSink,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
 mod lock;
 mod names;
+mod replay;
 
 pub use lock::lock_file_name;
 
@@ -124,6 +130,7 @@ pub struct FileSink {
     format: FileFormat,
     pipeline: String,
     subtask: usize,
+    parallelism: usize,
     /// This subtask and the old ones it adopted: whose leftovers it cleans up.
     owned: Vec<usize>,
     run: String,
@@ -164,6 +171,7 @@ impl FileSink {
             format,
             pipeline: context.pipeline.clone(),
             subtask: context.subtask,
+            parallelism: context.parallelism,
             owned: context.owned_subtasks().collect(),
             run: format!("{:08x}", rand::random::<u32>()),
         }
@@ -197,6 +205,17 @@ impl FileSink {
         }
     }
 
+    /// The names of the files in the output folder.
+    async fn file_names(&self) -> Result<Vec<String>, ConnectorError> {
+        let listing = |e| io_error("file sink: listing the output folder", &self.dir, e);
+        let mut entries = tokio::fs::read_dir(&self.dir).await.map_err(listing)?;
+        let mut names = Vec::new();
+        while let Some(entry) = entries.next_entry().await.map_err(listing)? {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    }
+
     async fn sync_dir(&self) -> Result<(), ConnectorError> {
         let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || std::fs::File::open(&dir).and_then(|d| d.sync_all()))
@@ -221,24 +240,13 @@ impl TwoPhaseCommitSink for FileSink {
         }
         let listed: Vec<&str> = pending.iter().map(|c| c.pending.as_str()).collect();
         let mut older = Vec::new();
-        let mut entries = tokio::fs::read_dir(&self.dir)
-            .await
-            .map_err(|e| io_error("file sink: listing the output folder", &self.dir, e))?;
-        while let Some(entry) = entries
-            .next_entry()
-            .await
-            .map_err(|e| io_error("file sink: listing the output folder", &self.dir, e))?
-        {
-            let name = entry.file_name().to_string_lossy().into_owned();
+        for name in self.file_names().await? {
             if self.is_own_leftover(&name, &mut older) && !listed.contains(&name.as_str()) {
                 tracing::info!(file = %name, "deleting orphaned pending file");
-                match tokio::fs::remove_file(entry.path()).await {
+                let path = self.dir.join(&name);
+                match tokio::fs::remove_file(&path).await {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(io_error(
-                            "file sink: deleting an orphaned pending file",
-                            &entry.path(),
-                            e,
-                        ))
+                        return Err(io_error("file sink: deleting an orphaned pending file", &path, e))
                     }
                     _ => {}
                 }
@@ -335,6 +343,26 @@ impl TwoPhaseCommitSink for FileSink {
             }
             _ => Ok(()),
         }
+    }
+
+    /// From the committed files' names (see [`replay`]): `CommittedLater`
+    /// when a committed file of this pipeline, of this subtask or one whose
+    /// records it replays (`j % parallelism`, adopted ones included), holds
+    /// a later checkpoint; `Unknown` when only a file named in the older
+    /// form (no pipeline) does; `Safe` otherwise, also when the folder does
+    /// not exist (nothing was committed there). Reads only: the folder is
+    /// listed, nothing is locked or changed.
+    async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
+        if !tokio::fs::try_exists(&self.dir).await.unwrap_or(true) {
+            return Ok(ReplayCheck::Safe);
+        }
+        let files = self.file_names().await?;
+        let replayer = replay::Replayer {
+            pipeline: &self.pipeline,
+            subtask: self.subtask,
+            parallelism: self.parallelism,
+        };
+        Ok(replayer.check(checkpoint, files.iter().map(String::as_str)))
     }
 }
 
@@ -521,6 +549,57 @@ mod tests {
         assert_eq!(read_committed_lines(dir.path()).unwrap(), vec!["old"]);
         assert_eq!(pending_files(dir.path()), [unlisted.pending].into());
         assert_eq!(checkpoint_of(&listed.final_name), CheckpointId(3));
+    }
+
+    /// Before a fallback to checkpoint 4 (newer entries unreadable): the
+    /// committed file of checkpoint 5 is a commit the replay would
+    /// duplicate; a file of 6 only pre-committed is not, and recovery then
+    /// deletes it.
+    #[tokio::test]
+    async fn the_replay_check_reads_the_checkpoints_of_the_committed_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut s = sink(&out, 1);
+        assert_eq!(
+            s.check_replay_after(CheckpointId(4)).await.unwrap(),
+            ReplayCheck::Safe,
+            "no folder: nothing committed"
+        );
+        s.recover(&[]).await.unwrap();
+        let four = pre_committed(&mut s, 4, 1).await;
+        s.commit(&four).await.unwrap();
+        let five = pre_committed(&mut s, 5, 1).await;
+        s.commit(&five).await.unwrap();
+        let _six = pre_committed(&mut s, 6, 1).await;
+        let mut other = sink_of(&out, "other", 1, Vec::new());
+        other.recover(&[]).await.unwrap();
+        let theirs = pre_committed(&mut other, 9, 1).await;
+        other.commit(&theirs).await.unwrap();
+
+        let mut restarted = sink(&out, 1);
+        assert_eq!(
+            restarted.check_replay_after(CheckpointId(4)).await.unwrap(),
+            ReplayCheck::CommittedLater(CheckpointId(5))
+        );
+        assert_eq!(
+            restarted.check_replay_after(CheckpointId(5)).await.unwrap(),
+            ReplayCheck::Safe
+        );
+        assert_eq!(
+            sink(&out, 0).check_replay_after(CheckpointId(4)).await.unwrap(),
+            ReplayCheck::Safe,
+            "subtask 1's files are not subtask 0's"
+        );
+        // Subtask 3 of parallelism 4 committed checkpoint 5: subtask 1 of 2
+        // replays its records.
+        let context = SinkContext::new("p", 3, 4, Default::default());
+        let mut s3 = FileSink::new(out.clone(), FileFormat::Lines, &context);
+        let late = pre_committed(&mut s3, 7, 1).await;
+        s3.commit(&late).await.unwrap();
+        assert_eq!(
+            restarted.check_replay_after(CheckpointId(5)).await.unwrap(),
+            ReplayCheck::CommittedLater(CheckpointId(7))
+        );
     }
 
     #[tokio::test]
