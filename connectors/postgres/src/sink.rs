@@ -678,7 +678,13 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// ones it adopts, and those of a higher parallelism the pipeline may
     /// have run at since); `Safe` when none does. Sound although markers are
     /// pruned: the marker of the pipeline's highest committed checkpoint is
-    /// never deleted (see the rule in `markers.rs`). Reads only.
+    /// never deleted (see the rule in `markers.rs`). A transaction only
+    /// prepared is no commit (its marker is invisible until `COMMIT
+    /// PREPARED`; recovery rolls it back). With `upsert_key` the rows of a
+    /// replay merge idempotently, but its dead letters would be written
+    /// again, so a later commit is reported there too. Modes `upsert` and
+    /// `fenced` answer `Safe` through their adapters (upserts by key;
+    /// replays at or below the stored positions are dropped). Reads only.
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         self.connect_committer().await?;
         let sql = format!(

@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
-use exactly_core::{CheckpointId, ConnectorError, ErasedSink, FencedSink, Record, SinkFactory, TwoPhaseCommitSink};
+use exactly_core::{
+    CheckpointId, ConnectorError, ErasedSink, FencedSink, Record, ReplayCheck, SinkFactory, TwoPhaseCommitSink,
+};
 use exactly_postgres::{PostgresSinkConfig, PostgresSinkFactory, SinkMode};
 
 /// The sink the runtime would drive: the mode's adapter around the sink.
@@ -29,6 +31,16 @@ async fn interval(sink: &mut Box<dyn ErasedSink>, checkpoint: u64, batches: &[Ve
         sink.write(CheckpointId(checkpoint), batch).await.expect("write");
     }
     sink.pre_commit().await.expect("pre_commit");
+}
+
+/// What a sink of `config` answers before a fallback to checkpoint 1 (the
+/// newer checkpoint entries unreadable): upserts and fenced writes are
+/// replay-safe, whatever was committed after it.
+async fn replay_check_after_one(config: &PostgresSinkConfig, pipeline: &str) -> ReplayCheck {
+    created(config, pipeline)
+        .check_replay_after(CheckpointId(1))
+        .await
+        .expect("check_replay_after")
 }
 
 /// [`KV_UPSERT`] in `mode`.
@@ -63,6 +75,7 @@ async fn upsert_mode_keeps_one_row_per_key_with_the_latest_value_across_replays(
     assert_eq!(pairs(db, table).await, latest);
     assert_eq!(count(db, &dead_letters).await, 1);
     drop(sink); // crash before checkpoint 2 completes
+    assert_eq!(replay_check_after_one(&f.config, &f.pipeline).await, ReplayCheck::Safe);
 
     // The restarted pipeline replays from checkpoint 1 (and a later crash from
     // the start): every key ends with its latest value, no dead letter twice.
@@ -217,6 +230,8 @@ async fn fenced_mode_writes_each_record_exactly_once_into_a_table_without_a_key(
         at(&[("orders-0", 4), ("orders-1", 2)]),
         "positions advance only on commit"
     );
+
+    assert_eq!(replay_check_after_one(&f.config, &f.pipeline).await, ReplayCheck::Safe);
 
     // The restart replays from the last checkpoint (offset 0 here), overlapping
     // what was committed, and continues.

@@ -929,6 +929,15 @@ async fn the_replay_check_finds_commits_of_later_checkpoints_in_the_markers() {
             "after {after}"
         );
     }
+    // Checkpoint 8 only prepared: nothing committed after 7 (recovery rolls
+    // 8 back), so the replay duplicates nothing.
+    let _eight = prepare(&mut s0, 8, &[people(0, 30, 1)]).await;
+    assert_eq!(
+        s0.check_replay_after(CheckpointId(7)).await.unwrap(),
+        ReplayCheck::Safe,
+        "prepared only"
+    );
+    s0.recover(&[]).await.unwrap();
     // Subtask 3 of a run at parallelism 4 committed checkpoint 9: at
     // parallelism 2 it maps to subtask 1.
     let factory = PostgresSinkFactory::new(f.config.clone()).unwrap();
