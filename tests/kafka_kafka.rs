@@ -296,6 +296,23 @@ fn sigkill_during_recovery() {
     assert_end_txn_recovery(&case("during_recovery"));
 }
 
+/// Killed inside the EndTxn recovery of a listed transaction (right before
+/// its EndTxn goes out), then killed again once the next recovery has
+/// committed one: the last recovery finishes what both left.
+#[test]
+fn sigkill_inside_end_txn_recovery() {
+    let log = crash_case(
+        setup(),
+        "inside_end_txn_recovery",
+        &[
+            "coordinator.after_persist:3",
+            "kafka_sink.before_end_txn:1",
+            "recovery.after_commit:1",
+        ],
+    );
+    assert_end_txn_recovery(&log);
+}
+
 /// The negative control of the EndTxn path: the same crash as
 /// [`sigkill_after_the_checkpoint_is_persisted_before_the_commit`], with
 /// recovery aborting the listed transactions instead of committing them,
