@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use exactly_core::{
-    erase, fault, CheckpointConfig, CheckpointId, ConnectorError, ErasedSink, JsonPointer, Record, SinkContext,
-    SinkFactory, TwoPhaseCommitSink,
+    erase, fault, CheckpointConfig, CheckpointId, ConnectorError, ErasedSink, JsonPointer, Record, ReplayCheck,
+    SinkContext, SinkFactory, TwoPhaseCommitSink,
 };
 use exactly_kafka_wire::{EndTxnOutcome, WireClient, WireConfig, WireError};
 use rdkafka::config::ClientConfig;
@@ -1163,6 +1163,22 @@ impl TwoPhaseCommitSink for KafkaSink {
                 Err(self.transient(format!("aborting a transaction: {error}; recovery cleans it up")))
             }
         }
+    }
+
+    /// Always [`ReplayCheck::Unknown`]: the transactional ids' state cannot
+    /// prove it. The broker keeps, per transactional id, whether its latest
+    /// transaction committed or aborted, with the producer id and epoch, but
+    /// not which checkpoint it belonged to: each slot's id carries one
+    /// checkpoint's transaction after another, and neither the broker nor
+    /// the records written hold a checkpoint id. A commit of a checkpoint
+    /// after the restored one looks exactly like the commits the restored
+    /// one lists (epochs would differ only on brokers that bump the epoch at
+    /// every transaction, and a pool slot that committed nothing the
+    /// checkpoint lists says nothing either way). So a fallback past
+    /// unreadable entries of a Kafka-sink pipeline is refused unless the
+    /// operator accepts its possible duplicates (`allow_fallback`).
+    async fn check_replay_after(&mut self, _checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
+        Ok(ReplayCheck::Unknown)
     }
 }
 
