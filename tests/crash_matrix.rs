@@ -2,7 +2,9 @@
 //! file sink pipeline (parallelism 2) and is killed with SIGKILL at each phase of
 //! the protocol (see `exactly_core::fault`), then started again from nothing but
 //! its checkpoint folder. In exactly-once mode the output must hold every input
-//! exactly once.
+//! exactly once. The cases are the crash kit's (`exactly_testkit::crash`,
+//! the same a connector author runs on their own pipeline), one test each,
+//! plus random kills and the kit's abort-on-recover control.
 //!
 //! The negative control runs the same phases in at-least-once mode, where a
 //! sink commits at the barrier, before the checkpoint is persisted. A crash
@@ -18,14 +20,52 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::time::Duration;
+
 use exactly::core::fault;
-use tempfile::TempDir;
+use exactly_testkit::crash::{plan, Case, CrashCase, CrashMatrix, Step};
 
 mod common;
 use common::*;
 
 fn write_file_config(dir: &Path, guarantee: &str, parallelism: usize) -> PathBuf {
     write_config(dir, "crash", guarantee, parallelism, "[sink.file]\ndir = \"out\"")
+}
+
+/// The file-sink pipeline under the crash kit: `exactly run` on a pipeline
+/// file (parallelism 2) written into the case's folder, its checkpoints in
+/// `<case>/checkpoints`; the verifier reads the committed files and refuses
+/// pending files left after a clean finish.
+fn kit() -> CrashMatrix {
+    CrashMatrix::new(
+        expected_values(),
+        |case: &Case| {
+            let config = write_file_config(&case.dir, case.guarantee.as_str(), 2);
+            let mut run = Command::new(env!("CARGO_BIN_EXE_exactly"));
+            run.arg("run").arg(config).env("RUST_LOG", "info");
+            run
+        },
+        |case: &Case| {
+            let out = case.dir.join("out");
+            let pending = pending_files(&out);
+            if !pending.is_empty() {
+                return Err(format!("pending files left after a clean finish: {pending:?}"));
+            }
+            exactly::file::read_committed_lines(&out).map_err(|e| e.to_string())
+        },
+    )
+}
+
+/// The kit's case named `name` among `cases`.
+fn case_named(cases: Vec<CrashCase>, name: &str) -> CrashCase {
+    cases
+        .into_iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("the crash kit has no case `{name}`"))
+}
+
+fn assert_exactly_once(name: &str) {
+    kit().assert_case(&case_named(plan::exactly_once_cases(), name));
 }
 
 /// The id of the latest complete checkpoint of each checkpoint store of the
@@ -50,110 +90,59 @@ fn finish(dir: &Path, config: &Path) -> Outcome {
     outcome_of(&exactly::file::read_committed_lines(&out).unwrap())
 }
 
-fn crash_file_pipeline(guarantee: &str, points: &[&str]) -> Outcome {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_file_config(dir.path(), guarantee, 2);
-    for point in points {
-        run_killed_at(&config, point);
-    }
-    finish(dir.path(), &config)
-}
-
-fn assert_exactly_once_after(o: Outcome, points: &[&str]) {
-    assert_eq!(
-        (o.lines, o.duplicates, o.missing),
-        (TOTAL, 0, 0),
-        "exactly-once violated after crashes at {points:?}"
-    );
-}
-
-fn assert_exactly_once(points: &[&str]) {
-    assert_exactly_once_after(crash_file_pipeline("exactly-once", points), points);
-}
-
-/// The id of the checkpoint entry named by the temporary file `name`
-/// (`.tmp-<fingerprint>-<unix-ms>-<id>`), or `None` for another file.
-fn entry_id_of_temp_file(name: &str) -> Option<u64> {
-    let entry = name.strip_prefix(".tmp-")?;
-    let fields: Vec<&str> = entry.split('-').collect();
-    match fields[..] {
-        [fingerprint, ms, id] if fingerprint.len() == 16 && ms.parse::<u64>().is_ok() => id.parse().ok(),
-        _ => None,
-    }
-}
-
-/// Kills a fresh pipeline half-way through writing a checkpoint entry with
-/// an id of at least `min_id` (its bytes written, not yet fsynced) and
-/// returns its folder and that id. `store.before_fsync` is reached by every
-/// atomic write of the store — the pinned start (checkpoint 0), the id
-/// watermark, entries and the committed-through record — whose order
-/// depends on timing, so the hits are tried in turn, each on a fresh
-/// folder, until the temporary file the kill left is such an entry.
-fn killed_half_way_through_an_entry(guarantee: &str, min_id: u64) -> (TempDir, PathBuf, u64) {
-    for nth in 1..=12 {
-        let dir = tempfile::tempdir().unwrap();
-        let config = write_file_config(dir.path(), guarantee, 2);
-        run_killed_at(&config, &format!("store.before_fsync:{nth}"));
-        let torn = checkpoint_store_folders(&dir.path().join("checkpoints"), "crash")
-            .into_iter()
-            .filter_map(|folder| std::fs::read_dir(folder).ok())
-            .flat_map(|entries| entries.flatten())
-            .find_map(|e| entry_id_of_temp_file(&e.file_name().to_string_lossy()));
-        if let Some(id) = torn.filter(|id| *id >= min_id) {
-            eprintln!("killed half-way through writing entry {id} (store.before_fsync:{nth})");
-            return (dir, config, id);
-        }
-    }
-    panic!("no hit of store.before_fsync among the first 12 was a write of checkpoint entry {min_id} or later");
-}
-
 #[test]
 fn exactly_once_after_kill_while_writing() {
-    assert_exactly_once(&["source.after_emit:40"]);
+    assert_exactly_once("while_writing");
 }
 
 #[test]
 fn exactly_once_after_kill_between_pre_commit_and_persist() {
-    assert_exactly_once(&["sink.after_pre_commit:3"]);
+    assert_exactly_once("after_pre_commit_before_persist");
 }
 
 #[test]
 fn exactly_once_after_kill_with_all_acks_before_persist() {
-    assert_exactly_once(&["coordinator.before_persist:3"]);
+    assert_exactly_once("all_acks_before_persist");
 }
 
 #[test]
 fn exactly_once_after_kill_during_a_half_written_checkpoint() {
-    // Entry 2, so the restart has entry 1 to restore from.
-    let (dir, config, _) = killed_half_way_through_an_entry("exactly-once", 2);
-    assert_exactly_once_after(finish(dir.path(), &config), &["store.before_fsync (entry 2 or later)"]);
+    assert_exactly_once("half_written_checkpoint");
 }
 
 #[test]
 fn exactly_once_after_kill_between_persist_and_commit() {
-    assert_exactly_once(&["coordinator.after_persist:3"]);
+    assert_exactly_once("after_persist_before_commit");
 }
 
 #[test]
 fn exactly_once_after_kill_between_the_commits_of_two_subtasks() {
-    // Subtask 1 waits before its second commit while subtask 0 makes its
-    // second and dies: one committed checkpoint 2, the other did not.
-    assert_exactly_once(&["sink.after_commit@0:2+sink.before_commit@1:2=3s"]);
+    assert_exactly_once("between_two_subtasks_commits");
 }
 
 #[test]
 fn exactly_once_after_kill_during_recovery() {
-    assert_exactly_once(&["coordinator.after_persist:3", "recovery.after_commit:1"]);
+    assert_exactly_once("during_recovery");
 }
 
 #[test]
 fn exactly_once_after_repeated_kills() {
-    assert_exactly_once(&[
-        "coordinator.after_persist:2",
-        "sink.after_pre_commit:4",
-        "source.after_emit:30",
-        "sink.after_commit:2",
-    ]);
+    assert_exactly_once("repeated_kills");
+}
+
+/// SIGKILLs at random moments (seeded, the seed printed), three in a row.
+#[test]
+fn exactly_once_after_random_kills() {
+    let kit = kit().random_kills(3, Duration::from_millis(200)..Duration::from_millis(1500));
+    kit.assert_case(&CrashCase::exactly_once("random_kills", vec![Step::KillAtRandom; 3]));
+}
+
+/// The abort-on-recover control: recovery aborting what the persisted
+/// checkpoint lists loses its records, and the check sees it.
+#[test]
+fn aborting_instead_of_committing_on_recovery_loses_records() {
+    let tally = kit().assert_case(&plan::abort_on_recover_control());
+    assert_eq!(tally.duplicates, 0, "{tally}");
 }
 
 /// At-least-once after a crash that found records committed past the last
@@ -168,9 +157,8 @@ fn assert_duplicates_without_loss(o: Outcome, case: &str) {
     );
 }
 
-fn assert_at_least_once_duplicates(points: &[&str]) {
-    let o = crash_file_pipeline("at-least-once", points);
-    assert_duplicates_without_loss(o, &format!("at {points:?}"));
+fn assert_at_least_once_duplicates(name: &str) {
+    kit().assert_case(&case_named(plan::at_least_once_cases(), name));
 }
 
 /// While writing, at-least-once duplicates only what a sink committed at a
@@ -210,18 +198,17 @@ fn at_least_once_duplicates_after_kill_while_writing() {
 #[test]
 fn at_least_once_duplicates_after_kill_after_a_sinks_commit_at_the_barrier() {
     // In at-least-once mode this point follows the sink's commit.
-    assert_at_least_once_duplicates(&["sink.after_pre_commit:3"]);
+    assert_at_least_once_duplicates("after_a_sinks_commit_at_the_barrier");
 }
 
 #[test]
 fn at_least_once_duplicates_after_kill_with_all_acks_before_persist() {
-    assert_at_least_once_duplicates(&["coordinator.before_persist:3"]);
+    assert_at_least_once_duplicates("all_acks_before_persist");
 }
 
 #[test]
 fn at_least_once_duplicates_after_kill_during_a_half_written_checkpoint() {
-    let (dir, config, _) = killed_half_way_through_an_entry("at-least-once", 1);
-    assert_duplicates_without_loss(finish(dir.path(), &config), "half-way through writing a checkpoint");
+    assert_at_least_once_duplicates("half_written_checkpoint");
 }
 
 /// Recovery in at-least-once mode has nothing to commit (checkpoints list
@@ -229,16 +216,12 @@ fn at_least_once_duplicates_after_kill_during_a_half_written_checkpoint() {
 /// duplicates come from the crash before, which recovery must not lose.
 #[test]
 fn at_least_once_duplicates_after_kill_during_recovery() {
-    assert_at_least_once_duplicates(&["sink.after_pre_commit:3", "recovery.after_commit:1"]);
+    assert_at_least_once_duplicates("during_recovery");
 }
 
 #[test]
 fn at_least_once_duplicates_after_repeated_kills() {
-    assert_at_least_once_duplicates(&[
-        "coordinator.before_persist:2",
-        "sink.after_pre_commit:4",
-        "source.after_emit:30",
-    ]);
+    assert_at_least_once_duplicates("repeated_kills");
 }
 
 /// Right after checkpoint N is persisted, everything at-least-once sinks

@@ -899,18 +899,6 @@ impl TwoPhaseCommitSink for KafkaSink {
 
         let mut listed = BTreeSet::new();
         for c in pending {
-            if exactly_core::fault::abort_pending_on_recover() {
-                add(&self.settings.metrics.lost_transactions, 1);
-                tracing::error!(
-                    sink = %self.settings.label,
-                    transactional_id = %c.transactional_id,
-                    checkpoint = %c.checkpoint,
-                    "TEST ONLY ({}=1): aborting a transaction the checkpoint lists instead of committing it; \
-                     its records are lost",
-                    exactly_core::fault::ABORT_PENDING_ON_RECOVER_ENV
-                );
-                continue;
-            }
             if c.began_at_ms > 0 && past_timeout_share(age(c.began_at_ms), self.config().transaction_timeout, 1.0) {
                 tracing::warn!(transactional_id = %c.transactional_id, checkpoint = %c.checkpoint, "this transaction is older than transaction_timeout; the broker may have aborted it");
             }

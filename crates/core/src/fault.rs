@@ -65,21 +65,29 @@ pub const CRASH_AT_ENV: &str = "EXACTLY_CRASH_AT";
 /// `<point>[:<nth hit>]=<duration>`.
 pub const DELAY_AT_ENV: &str = "EXACTLY_DELAY_AT";
 
+/// Splits a point spec `<point>[@<subtask>][:<nth hit, default 1>]` (the
+/// value of [`CRASH_AT_ENV`], and of the other variables before their `=`
+/// or `~`) into the point's name, the subtask and the hit.
+pub fn parse_spec(spec: &str) -> (&str, Option<usize>, u32) {
+    let (point, nth) = match spec.rsplit_once(':') {
+        Some((p, n)) if n.parse::<u32>().is_ok() => (p, n.parse().unwrap_or(1)),
+        _ => (spec, 1),
+    };
+    let (point, subtask) = match point.rsplit_once('@') {
+        Some((p, s)) if s.parse::<usize>().is_ok() => (p, s.parse().ok()),
+        _ => (point, None),
+    };
+    (point, subtask, nth.max(1))
+}
+
 impl Plan {
     /// `<point>[@<subtask>][:<nth>]`.
     fn parse(spec: &str) -> Plan {
-        let (point, nth) = match spec.rsplit_once(':') {
-            Some((p, n)) if n.parse::<u32>().is_ok() => (p, n.parse().unwrap_or(1)),
-            _ => (spec, 1),
-        };
-        let (point, subtask) = match point.rsplit_once('@') {
-            Some((p, s)) if s.parse::<usize>().is_ok() => (p, s.parse().ok()),
-            _ => (point, None),
-        };
+        let (point, subtask, nth) = parse_spec(spec);
         Plan {
             point: point.to_string(),
             subtask,
-            nth: nth.max(1),
+            nth,
             hits: AtomicU32::new(0),
         }
     }
@@ -208,17 +216,23 @@ pub fn pause_blocking(name: &str) {
     }
 }
 
-/// Environment variable of the negative controls: when it is `1`, sinks
-/// that support it abort on recovery the transactions a checkpoint lists
-/// instead of committing them, so a test can show that its exactly-once check
-/// catches the loss. Like `EXACTLY_CRASH_AT`, it lives in the environment of
-/// a test run and never in a pipeline file.
+/// Environment variable of the negative controls: when it is `1`, the
+/// runtime recovers every sink as if the restored checkpoint listed nothing
+/// (`recover(&[])`), so each sink aborts the transactions the checkpoint
+/// lists instead of committing them — whatever the sink — and a test can
+/// show that its exactly-once check catches the loss. Like
+/// `EXACTLY_CRASH_AT`, it lives in the environment of a test run and never
+/// in a pipeline file.
 pub const ABORT_PENDING_ON_RECOVER_ENV: &str = "EXACTLY_TEST_ABORT_PENDING_ON_RECOVER";
 
 /// Whether [`ABORT_PENDING_ON_RECOVER_ENV`] is set to `1`.
 pub fn abort_pending_on_recover() -> bool {
     std::env::var(ABORT_PENDING_ON_RECOVER_ENV).is_ok_and(|v| v == "1")
 }
+
+/// Start of the line a process writes to stderr right before a crash
+/// point kills it: `<marker> point=<name> subtask=<index or -> hit=<n>`.
+pub const CRASH_MARKER: &str = "EXACTLY_CRASH_POINT_REACHED";
 
 /// Marks a crash point. Kills the process with SIGKILL when `EXACTLY_CRASH_AT`
 /// selects this point and hit.
@@ -241,6 +255,11 @@ fn crash_if_planned(name: &str, subtask: Option<usize>) {
             hit,
             "crash point reached: killing the process with SIGKILL"
         );
+        // Also straight to stderr, unbuffered, whatever logging the process
+        // set up (or none): crash tests read this line to check where the
+        // process died (exactly_testkit::crash parses it).
+        let subtask = subtask.map_or("-".to_string(), |s| s.to_string());
+        eprintln!("{CRASH_MARKER} point={name} subtask={subtask} hit={hit}");
         // SAFETY: raise has no memory-safety preconditions.
         unsafe {
             libc::raise(libc::SIGKILL);

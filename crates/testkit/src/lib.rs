@@ -56,6 +56,9 @@
 //! group; a Kafka broker is also killed by the kernel when the test process
 //! ends without dropping its handle.
 //!
+//! For connector authors, [`crash`] runs a pipeline through SIGKILLs at
+//! every crash point of the runtime and checks the output exactly once.
+//!
 //! ```no_run
 //! let pg = exactly_testkit::PostgresServer::start()?;
 //! println!("connect to {}", pg.url());
@@ -65,6 +68,7 @@
 #![warn(missing_docs)]
 
 mod container;
+pub mod crash;
 mod error;
 #[macro_use]
 mod handle;

@@ -169,6 +169,18 @@ impl Pipeline {
         self.check_fallback(region, restored, &mut sinks).await?;
         for (i, sink) in sinks.iter_mut() {
             let pending = restored.pending(*i);
+            let pending = if fault::abort_pending_on_recover() && !pending.is_empty() {
+                tracing::error!(
+                    subtask = *i,
+                    listed = pending.len(),
+                    "TEST ONLY ({}=1): recovering as if the checkpoint listed nothing, so the sink aborts \
+                     the transactions it lists instead of committing them; their records are lost",
+                    fault::ABORT_PENDING_ON_RECOVER_ENV
+                );
+                Vec::new()
+            } else {
+                pending
+            };
             sink.recover(&pending)
                 .instrument(info_span!("recover", subtask = *i, pending = pending.len()))
                 .await
