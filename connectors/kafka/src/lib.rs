@@ -42,6 +42,11 @@
 //! Fatal consumer errors (authorization, librdkafka fatal errors) become
 //! [`exactly_core::ConnectorError::Fatal`]. Brokers that do not answer within
 //! `startup_timeout` at `restore` give a transient error naming the bootstrap.
+//! Before that, `restore` connects once with `exactly-kafka-wire` from the
+//! same properties: a refused password, a SASL mechanism the listener does
+//! not enable, an untrusted or misnamed certificate and a TLS listener
+//! reached without TLS are fatal errors naming the setting to fix (librdkafka
+//! would retry them for ever).
 //!
 //! ## The sink
 //!
@@ -121,6 +126,7 @@
 pub mod admin;
 mod client;
 mod config;
+mod preflight;
 mod producer;
 mod sink;
 mod sink_config;

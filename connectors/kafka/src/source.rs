@@ -292,6 +292,8 @@ impl Source for KafkaSource {
         if self.consumer.is_some() {
             return Err(ConnectorError::fatal(self.settings.context(), "restore called twice"));
         }
+        let config = &self.settings.config;
+        crate::preflight::check_security(&config.bootstrap, &config.properties, &self.settings.context()).await?;
         let settings = self.settings.clone();
         let positions = positions.cloned();
         let (subtask, parallelism) = (self.subtask, self.parallelism);
