@@ -46,7 +46,8 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use exactly_core::{
-    erase, CheckpointId, ConnectorError, ErasedSink, Record, ReplayCheck, SinkContext, SinkFactory, TwoPhaseCommitSink,
+    erase, plan_recovery, CheckpointId, ConnectorError, ErasedSink, Record, ReplayCheck, SinkContext, SinkFactory,
+    TwoPhaseCommitSink,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
@@ -235,23 +236,28 @@ impl TwoPhaseCommitSink for FileSink {
             .await
             .map_err(|e| io_error("file sink: creating the output folder", &self.dir, e))?;
         self.hold_lock().await?;
-        for c in pending {
+        let mut older = Vec::new();
+        let owned: Vec<String> = self
+            .file_names()
+            .await?
+            .into_iter()
+            .filter(|name| self.is_own_leftover(name, &mut older))
+            .collect();
+        let plan = plan_recovery(pending, |c| c.pending.clone(), owned);
+        for c in plan.commit {
             self.commit(c).await?;
         }
-        let listed: Vec<&str> = pending.iter().map(|c| c.pending.as_str()).collect();
-        let mut older = Vec::new();
-        for name in self.file_names().await? {
-            if self.is_own_leftover(&name, &mut older) && !listed.contains(&name.as_str()) {
-                tracing::info!(file = %name, "deleting orphaned pending file");
-                let path = self.dir.join(&name);
-                match tokio::fs::remove_file(&path).await {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(io_error("file sink: deleting an orphaned pending file", &path, e))
-                    }
-                    _ => {}
+        for name in &plan.abort {
+            tracing::info!(file = %name, "deleting orphaned pending file");
+            let path = self.dir.join(name);
+            match tokio::fs::remove_file(&path).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_error("file sink: deleting an orphaned pending file", &path, e))
                 }
+                _ => {}
             }
         }
+        let listed: Vec<&str> = pending.iter().map(|c| c.pending.as_str()).collect();
         older.retain(|name| !listed.contains(&name.as_str()));
         if !older.is_empty() {
             tracing::warn!(

@@ -1,4 +1,5 @@
-//! Global transaction identifiers (gids) for `PREPARE TRANSACTION`.
+//! Global transaction identifiers (gids) for `PREPARE TRANSACTION`, made
+//! with `exactly_core::TransactionNames` (the same names as ever).
 //!
 //! A gid is `exactly:<pipeline>:<table>:<subtask>:<checkpoint>`. In the pipeline
 //! and table parts `%`, `:` and `~` are percent-escaped, so the parts cannot run
@@ -12,62 +13,28 @@
 //! depends only on the pipeline and the table, so every gid of a subtask keeps
 //! the same prefix.
 
-use sha2::{Digest, Sha256};
+use exactly_core::TransactionNames;
 
 /// Longest gid PostgreSQL accepts, in bytes (`GIDSIZE` - 1).
 pub const MAX_GID_BYTES: usize = 199;
-/// Digits of the largest `u64`/`usize`.
-const MAX_NUMBER_DIGITS: usize = 20;
-/// Bytes kept of each of the pipeline and table parts when shortening.
-const SHORT_PART_BYTES: usize = 60;
 
-fn escape(part: &str) -> String {
-    let mut out = String::with_capacity(part.len());
-    for c in part.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            '~' => out.push_str("%7E"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The first at most `max` bytes of `s`, cut at a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
-    let mut end = max.min(s.len());
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+/// The gids of one pipeline and table: exactly_core's transaction names
+/// scoped by both, within [`MAX_GID_BYTES`] (the shortening described
+/// above is theirs).
+fn names(pipeline: &str, table: &str) -> TransactionNames {
+    TransactionNames::new(&[pipeline, table], Some(MAX_GID_BYTES))
 }
 
 /// The prefix shared by every gid of one sink subtask.
 pub fn gid_prefix(pipeline: &str, table: &str, subtask: usize) -> String {
-    format!("{}{subtask}:", table_prefix(pipeline, table))
+    names(pipeline, table).subtask_prefix(subtask)
 }
 
 /// The prefix shared by the gids of every subtask of one pipeline and table:
 /// the gid prefix of a subtask without the subtask number
 /// (`exactly:<pipeline>:<table>:`, or the shortened form).
 pub(crate) fn table_prefix(pipeline: &str, table: &str) -> String {
-    let (pipeline_part, table_part) = (escape(pipeline), escape(table));
-    let longest =
-        "exactly:".len() + pipeline_part.len() + 1 + table_part.len() + 1 + MAX_NUMBER_DIGITS + 1 + MAX_NUMBER_DIGITS;
-    if longest <= MAX_GID_BYTES {
-        return format!("exactly:{pipeline_part}:{table_part}:");
-    }
-    let mut hasher = Sha256::new();
-    hasher.update(pipeline.as_bytes());
-    hasher.update([0u8]);
-    hasher.update(table.as_bytes());
-    let hash = hex::encode(&hasher.finalize()[..8]);
-    format!(
-        "exactly:{}:{}~{hash}:",
-        truncate(&pipeline_part, SHORT_PART_BYTES),
-        truncate(&table_part, SHORT_PART_BYTES)
-    )
+    names(pipeline, table).prefix().to_string()
 }
 
 /// The subtask number of a gid that starts with `table_prefix` (see
@@ -148,6 +115,17 @@ mod tests {
         // Another table whose name starts like this one's is not taken for it.
         let base = table_prefix("p", "t");
         assert_eq!(subtask_of(&gid(&gid_prefix("p", "t2", 1), 5), &base), None);
+    }
+
+    /// Gids already prepared on servers must be recognized by later
+    /// versions: the shortened form is pinned byte for byte (computed from
+    /// the rule in the module docs, independently of the code).
+    #[test]
+    fn shortened_gids_keep_their_form() {
+        assert_eq!(
+            gid_prefix(&"p".repeat(150), &"ü".repeat(100), 7),
+            format!("exactly:{}:{}~8bb3c0fb70affdfc:7:", "p".repeat(60), "ü".repeat(30))
+        );
     }
 
     #[test]

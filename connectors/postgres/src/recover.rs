@@ -19,9 +19,7 @@
 //! The write connection holds the lock of every owned subtask (see
 //! [`crate::lock`]) before recovery touches anything of it.
 
-use std::collections::HashSet;
-
-use exactly_core::ConnectorError;
+use exactly_core::{plan_recovery, ConnectorError};
 use tokio_postgres::error::SqlState;
 
 use crate::gid::{checkpoint_of, subtask_of, table_prefix};
@@ -55,16 +53,18 @@ impl PostgresSink {
             self.lock_more(&orphans).await?;
         }
 
-        let listed: HashSet<&str> = pending.iter().map(|c| c.gid.as_str()).collect();
-        for p in &prepared {
-            if !self.owned.contains(&p.subtask) || listed.contains(p.gid.as_str()) {
-                continue;
-            }
-            tracing::info!(gid = %p.gid, "rolling back a prepared transaction the checkpoint does not list");
+        let owned: Vec<String> = prepared
+            .iter()
+            .filter(|p| self.owned.contains(&p.subtask))
+            .map(|p| p.gid.clone())
+            .collect();
+        let plan = plan_recovery(pending, |c| c.gid.clone(), owned);
+        for gid in &plan.abort {
+            tracing::info!(%gid, "rolling back a prepared transaction the checkpoint does not list");
             self.connect_committer().await?;
             let rolled_back = self
                 .committer()
-                .batch_execute(&format!("ROLLBACK PREPARED {}", quote_literal(&p.gid)))
+                .batch_execute(&format!("ROLLBACK PREPARED {}", quote_literal(gid)))
                 .await;
             match rolled_back {
                 Err(e) if e.code() != Some(&SqlState::UNDEFINED_OBJECT) => {
@@ -73,7 +73,7 @@ impl PostgresSink {
                 _ => {}
             }
         }
-        for c in pending {
+        for c in plan.commit {
             tracing::info!(gid = %c.gid, checkpoint = %c.checkpoint, "committing a transaction the checkpoint lists");
             self.commit_and_merge(c).await?;
         }

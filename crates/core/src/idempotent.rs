@@ -360,24 +360,25 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
 
     async fn recover(&mut self, pending: &[HeldRecords]) -> Result<(), ConnectorError> {
         self.sink.open().await?;
-        for held in pending {
+        // Spill files of this subtask and of the old subtasks it adopts;
+        // those the checkpoint does not list belong to intervals that never
+        // completed: their records will be replayed.
+        let prefixes: Vec<String> = self.context.owned_subtasks().map(spill_prefix).collect();
+        let owned = self
+            .files(|n| prefixes.iter().any(|p| n.starts_with(p)) && !n.ends_with(DONE_SUFFIX))
+            .await;
+        let plan = crate::ownership::plan_recovery(
+            pending,
+            |held| match held {
+                HeldRecords::Spilled(name) => Some(name.clone()),
+                HeldRecords::Inline(_) => None,
+            },
+            owned.into_iter().map(Some),
+        );
+        for held in plan.commit {
             self.commit(held).await?;
         }
-        // Spill files the checkpoint does not list belong to intervals that never
-        // completed: their records will be replayed.
-        let listed: Vec<&str> = pending
-            .iter()
-            .filter_map(|h| match h {
-                HeldRecords::Spilled(name) => Some(name.as_str()),
-                HeldRecords::Inline(_) => None,
-            })
-            .collect();
-        // This subtask's, and those of the old subtasks it adopts.
-        let owned: Vec<String> = self.context.owned_subtasks().map(spill_prefix).collect();
-        for name in self
-            .files(|n| owned.iter().any(|p| n.starts_with(p)) && !n.ends_with(DONE_SUFFIX) && !listed.contains(&n))
-            .await
-        {
+        for name in plan.abort.into_iter().flatten() {
             let path = self.spill_dir.join(&name);
             tokio::fs::remove_file(&path).await.map_err(|e| spill_error(&path, e))?;
         }

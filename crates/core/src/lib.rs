@@ -15,6 +15,7 @@ pub mod fault;
 pub mod idempotent;
 pub mod json;
 pub mod metrics;
+pub mod ownership;
 pub mod pipeline;
 pub mod record;
 pub mod restart;
@@ -31,6 +32,7 @@ pub use idempotent::{
     WriteAhead, WriteOutcome,
 };
 pub use json::{validate as validate_json, InvalidPointer, JsonPointer};
+pub use ownership::{plan_recovery, RecoveryPlan, TransactionNames};
 pub use metrics::{CheckpointStatsSnapshot, HistogramSnapshot, Metrics, MetricsSnapshot, Readiness, SubtaskSnapshot};
 pub use pipeline::{route, Failover, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
