@@ -70,7 +70,8 @@ fn two_pipelines_in_one_folder_recover_without_touching_each_others_files() {
     );
 }
 
-/// Crashes pipeline `rescale` at parallelism 3 at `point`, checks with
+/// Crashes pipeline `rescale` at parallelism 3 at `point` (a point of
+/// region 2, which holds sink subtask 2 in region failover), checks with
 /// `left_behind` what the crash left of subtask 2 (its pending files in
 /// the output folder that the latest checkpoint lists, and those it does
 /// not), then resumes it at parallelism 2 and lets it finish.
@@ -127,14 +128,14 @@ fn rescale_3_to_2_after(point: &str, left_behind: impl FnOnce(usize, usize)) {
 
 #[test]
 fn lowering_the_parallelism_commits_what_the_checkpoint_lists_for_a_removed_subtask() {
-    rescale_3_to_2_after("coordinator.after_persist:3", |listed, _| {
+    rescale_3_to_2_after("coordinator.after_persist@2:3", |listed, _| {
         assert!(listed > 0, "the checkpoint lists no pending file of subtask 2");
     });
 }
 
 #[test]
 fn lowering_the_parallelism_deletes_what_a_removed_subtask_left_unlisted() {
-    rescale_3_to_2_after("coordinator.before_persist:3", |_, unlisted| {
+    rescale_3_to_2_after("coordinator.before_persist@2:3", |_, unlisted| {
         assert!(unlisted > 0, "the crash left no unlisted pending file of subtask 2");
     });
 }

@@ -23,6 +23,29 @@ const ORDERS: i64 = 12_000;
 /// Longest a run that should crash may take.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The pipeline file of `name` at `parallelism` (checkpoints every 50 ms),
+/// bounded or reading the growing topic.
+fn pipeline_at(
+    dir: &std::path::Path,
+    name: &str,
+    parallelism: usize,
+    kafka: (&str, &str),
+    postgres: (&str, &str),
+    bounded: bool,
+) -> std::path::PathBuf {
+    orders_pipeline(
+        dir,
+        &format!("p{parallelism}-{bounded}.toml"),
+        name,
+        parallelism,
+        "checkpoints",
+        "50ms",
+        kafka,
+        postgres,
+        bounded,
+    )
+}
+
 #[test]
 fn lowering_then_raising_the_parallelism_after_crashes_is_exactly_once() {
     let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
@@ -34,13 +57,10 @@ fn lowering_then_raising_the_parallelism_after_crashes_is_exactly_once() {
     // Every subtask has records (so transactions) at 3, 2 and 4.
     let topic = topic_reaching_every_subtask("rescale", &[3, 2, 4]);
     let file = |parallelism: usize, bounded: bool| {
-        orders_pipeline(
+        pipeline_at(
             dir.path(),
-            &format!("p{parallelism}-{bounded}.toml"),
             &name,
             parallelism,
-            "checkpoints",
-            "50ms",
             (kafka.bootstrap(), &topic),
             (url, &table),
             bounded,
@@ -143,13 +163,10 @@ fn a_lowering_rolls_back_what_an_old_subtask_prepared_after_its_last_checkpoint(
     let topic = topic_reaching_every_subtask("takeover", &[3, 2]);
     let orders = 6000;
     let file = |parallelism: usize, bounded: bool| {
-        orders_pipeline(
+        pipeline_at(
             dir.path(),
-            &format!("p{parallelism}-{bounded}.toml"),
             &name,
             parallelism,
-            "checkpoints",
-            "50ms",
             (kafka.bootstrap(), &topic),
             (url, &table),
             bounded,

@@ -6,8 +6,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Identifier of a checkpoint. Within one run of a pipeline ids only grow; after a
-/// recovery from checkpoint `N` the next checkpoint is `N + 1`.
+/// Identifier of a checkpoint. Ids never repeat within a region, even across
+/// crashes: after a recovery from checkpoint `N` the next checkpoint is above
+/// `N` and above every id an earlier run reserved (the store reserves ids
+/// ahead), so usually not `N + 1`. With the pipeline and the sink subtask it
+/// names a transaction uniquely (see `docs/connectors.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct CheckpointId(pub u64);

@@ -216,7 +216,7 @@ impl CrashMatrix {
                     "the run of {what} finished without reaching its crash point: the source ends before the \
                      point's hit, or the pipeline never reaches that point (make the input longer or slower)"
                 )),
-                (ending, _) => Some(self.ended_badly(&what, ending)),
+                (ending, _) => Some(self.ended_badly("it", ending)),
             };
             if let Some(problem) = problem {
                 let problem = with_log(&format!("after {}: {problem}", done.join(", then ")), &run);
