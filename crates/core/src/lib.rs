@@ -28,12 +28,12 @@ pub use coordinator::{
 };
 pub use error::{ConnectorError, PipelineError, StoreError};
 pub use idempotent::{
-    DeadLetter, Fenced, FencedSink, FencedSinkFactory, HeldRecords, IdempotentSink, IdempotentSinkFactory, ReplaySafe,
-    WriteAhead, WriteOutcome,
+    DeadLetter, Fenced, FencedSink, FencedSinkFactory, HeldInterval, HeldRecords, IdempotentSink,
+    IdempotentSinkFactory, ReplaySafe, WriteAhead, WriteOutcome,
 };
 pub use json::{validate as validate_json, InvalidPointer, JsonPointer};
-pub use ownership::{plan_recovery, RecoveryPlan, TransactionNames};
 pub use metrics::{CheckpointStatsSnapshot, HistogramSnapshot, Metrics, MetricsSnapshot, Readiness, SubtaskSnapshot};
+pub use ownership::{plan_recovery, RecoveryPlan, TransactionNames};
 pub use pipeline::{route, Failover, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
 pub use restart::RestartStrategy;
