@@ -282,6 +282,10 @@ fn kafka_to_kafka_over_sasl_ssl_commits_pending_transactions_with_end_txn_after_
 /// environment), and what the error must say.
 struct Misconfiguration {
     what: &'static str,
+    /// Whether the pipeline is Kafka → Kafka, the replacements applying to
+    /// the sink's section only (the last occurrence); else Kafka →
+    /// PostgreSQL.
+    kafka_sink: bool,
     /// `(from, to)` replacements in the pipeline file.
     file: Vec<(String, String)>,
     /// Environment variables set (or replaced).
@@ -310,6 +314,7 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
     let s = |t: &str| t.to_string();
     let cases = vec![
         Misconfiguration {
+            kafka_sink: false,
             what: "a wrong PostgreSQL password",
             file: vec![],
             env: vec![(
@@ -319,18 +324,21 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
             says: vec!["PostgreSQL", "password", "PGPASSWORD"],
         },
         Misconfiguration {
+            kafka_sink: false,
             what: "a TLS-only PostgreSQL reached with sslmode=disable",
             file: vec![],
             env: vec![(s(PG_URL_ENV), pg_url_with(&tls.password, "sslmode=disable"))],
             says: vec!["PostgreSQL", "only over TLS", "sslmode=require"],
         },
         Misconfiguration {
+            kafka_sink: false,
             what: "verify-full without the CA",
             file: vec![],
             env: vec![(s(PG_URL_ENV), pg_url_with(&tls.password, "sslmode=verify-full"))],
             says: vec!["sink.postgres.url", "sslmode=verify-full", "sslrootcert"],
         },
         Misconfiguration {
+            kafka_sink: false,
             what: "an untrusted PostgreSQL certificate",
             file: vec![],
             env: vec![(
@@ -343,6 +351,7 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
             says: vec!["PostgreSQL", "not signed by a trusted CA", "sslrootcert"],
         },
         Misconfiguration {
+            kafka_sink: false,
             what: "a wrong SASL password",
             file: vec![(
                 password_ref.clone(),
@@ -352,24 +361,44 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
             says: vec!["Kafka", "sasl.password"],
         },
         Misconfiguration {
+            kafka_sink: false,
             what: "a SASL mechanism the listener does not enable",
             file: vec![(mechanism.clone(), s("\"sasl.mechanism\" = \"PLAIN\""))],
             env: vec![],
             says: vec!["Kafka", "PLAIN", "sasl.mechanism", "SCRAM-SHA-512"],
         },
         Misconfiguration {
+            kafka_sink: false,
             what: "the TLS listener reached with PLAINTEXT",
             file: vec![(protocol.clone(), s("\"security.protocol\" = \"PLAINTEXT\""))],
             env: vec![],
             says: vec!["Kafka", "security.protocol"],
         },
         Misconfiguration {
+            kafka_sink: false,
             what: "the broker's certificate checked against another CA",
             file: vec![(kafka_ca.clone(), other_ca.ca_file().display().to_string())],
             env: vec![],
             says: vec!["Kafka", "not signed by a trusted CA", "ssl.ca.location"],
         },
+        Misconfiguration {
+            kafka_sink: true,
+            what: "a wrong SASL password of the Kafka sink (its recovery client)",
+            file: vec![
+                (
+                    password_ref.clone(),
+                    s("\"sasl.password\" = \"not-the-kafka-password\""),
+                ),
+                (
+                    s("strategy = \"none\""),
+                    s("strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 100"),
+                ),
+            ],
+            env: vec![],
+            says: vec!["kafka sink", "sasl.password"],
+        },
     ];
+    let output_topic = services.topic_with("secured_misconf_out", []);
     let secrets = [
         listener.password.as_str(),
         tls.password.as_str(),
@@ -380,11 +409,20 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
     for case in cases {
         let dir = tempfile::tempdir().unwrap();
         let (name, table) = (fresh("misconf"), fresh("misconf"));
-        let config = kafka_to_postgres(&services, dir.path(), (&name, &topic, &table), UrlFrom::Env);
+        let config = if case.kafka_sink {
+            kafka_to_kafka(&services, dir.path(), &name, &topic, &output_topic)
+        } else {
+            kafka_to_postgres(&services, dir.path(), (&name, &topic, &table), UrlFrom::Env)
+        };
         let mut text = std::fs::read_to_string(&config).unwrap();
         for (from, to) in &case.file {
-            assert!(text.contains(from.as_str()), "{}: `{from}` not in\n{text}", case.what);
-            text = text.replace(from.as_str(), to);
+            let at = text.rfind(from.as_str());
+            let at = at.unwrap_or_else(|| panic!("{}: `{from}` not in\n{text}", case.what));
+            text = if case.kafka_sink {
+                format!("{}{to}{}", &text[..at], &text[at + from.len()..])
+            } else {
+                text.replace(from.as_str(), to)
+            };
         }
         std::fs::write(&config, text).unwrap();
         let mut env = services.env(home.path());
@@ -406,6 +444,9 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
         }
         if took > FAIL_WITHIN {
             problems.push(format!("it took {took:?} to fail (a retry loop?)"));
+        }
+        if error.contains("transient") {
+            problems.push("the error is transient, not fatal".to_string());
         }
         if output.contains("restarting from its latest complete checkpoint") {
             problems.push("it was retried".to_string());
