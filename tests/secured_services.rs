@@ -352,6 +352,17 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
         },
         Misconfiguration {
             kafka_sink: false,
+            what: "verify-full to a host name the certificate is not issued for",
+            file: vec![],
+            env: vec![(
+                s(PG_URL_ENV),
+                pg_url_with(&tls.password, &format!("sslmode=verify-full&sslrootcert={ca}"))
+                    .replace("@localhost:", "@127.0.0.1:"),
+            )],
+            says: vec!["PostgreSQL", "not issued for the host name", "verify-ca"],
+        },
+        Misconfiguration {
+            kafka_sink: false,
             what: "a wrong SASL password",
             file: vec![(
                 password_ref.clone(),
@@ -380,6 +391,23 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
             file: vec![(kafka_ca.clone(), other_ca.ca_file().display().to_string())],
             env: vec![],
             says: vec!["Kafka", "not signed by a trusted CA", "ssl.ca.location"],
+        },
+        Misconfiguration {
+            kafka_sink: false,
+            what: "the broker reached by a name its certificate is not issued for",
+            file: vec![(
+                format!("bootstrap = \"{}\"", listener.bootstrap),
+                format!(
+                    "bootstrap = \"{}\"",
+                    listener.bootstrap.replace("localhost:", "127.0.0.1:")
+                ),
+            )],
+            env: vec![],
+            says: vec![
+                "Kafka",
+                "not issued for the host",
+                "ssl.endpoint.identification.algorithm",
+            ],
         },
         Misconfiguration {
             kafka_sink: true,
