@@ -351,6 +351,44 @@ fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
 /// the checkpoint is persisted, so a crash there replays committed records.
 /// `sink.after_pre_commit` comes right after such a commit of an interval
 /// with records, before the acknowledgement (so never persisted).
+/// The Kafka sink cannot tell whether it committed anything after a
+/// checkpoint (`check_replay_after` is `Unknown`), so a corrupt newest
+/// entry is refused — here although its transactions were only prepared —
+/// naming the entry and the flag; with
+/// `--allow-fallback` the run falls back, aborts them and ends exactly once.
+#[test]
+fn a_corrupt_newest_entry_is_refused_unless_the_fallback_is_accepted() {
+    let setup = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let name = "corrupt_newest";
+    let (config, output) = setup.pipeline(dir.path(), name, "exactly-once", "");
+    run_killed_at(&config, "coordinator.after_persist@0:3");
+    let newest = newest_entry_file(&dir.path().join("checkpoints").join(name), 0);
+    flip_one_byte(&newest);
+
+    let (status, log) = run(&config, None, &[]);
+    assert!(!status.success(), "the fallback was accepted:\n{log}");
+    let entry = newest.file_name().unwrap().to_string_lossy().into_owned();
+    for part in [
+        entry.as_str(),
+        "sink subtask 0 cannot tell whether it committed anything after it",
+        "--allow-fallback",
+    ] {
+        assert!(log.contains(part), "`{part}` missing from:\n{log}");
+    }
+    assert!(newest.exists(), "the refused run set the entry aside");
+
+    let (status, log) = run(&config, None, &["--allow-fallback"]);
+    assert!(status.success(), "the run with --allow-fallback failed:\n{log}");
+    assert!(
+        log.contains(
+            "falling back past unreadable checkpoint entries although later checkpoints may have been committed"
+        ),
+        "{log}"
+    );
+    assert_exactly_once(&setup.output(&output, name), name);
+}
+
 #[test]
 fn at_least_once_shows_duplicates_after_a_crash_before_persist() {
     let setup = setup();

@@ -39,9 +39,11 @@ pub fn read_entry(path: &Path) -> Result<CheckpointEntry> {
     let store = FsCheckpointStore::new(root, &folder, 1);
     store.read(&name).map_err(|why| {
         anyhow::anyhow!(
-            "checkpoint entry {shown} is unreadable: {why}. The runtime skips it and restores the newest readable \
-             entry instead (and refuses to start when none is readable). Fix: restore the file from a backup if \
-             you have one; otherwise leave it, or move it aside"
+            "checkpoint entry {shown} is unreadable: {why}. Past an unreadable newest entry the runtime restores \
+             the newest readable one only when the sinks prove that nothing after it was committed, and otherwise \
+             refuses to start (allow_fallback = true in [checkpoint] or --allow-fallback accepts the duplicates); \
+             with no readable entry it refuses too. Fix: restore the file from a backup if you have one; \
+             otherwise leave it where it is (a deleted or moved entry is not checked for)"
         )
     })
 }

@@ -370,6 +370,29 @@ pub fn checkpoint_sequences(pipeline_dir: &Path) -> Vec<PathBuf> {
     }
 }
 
+/// The newest checkpoint entry file of sequence `index` (see
+/// [`checkpoint_sequences`]: region `index` in region failover) of the
+/// pipeline whose folder is `pipeline_dir`.
+pub fn newest_entry_file(pipeline_dir: &Path, index: usize) -> PathBuf {
+    let folder = &checkpoint_sequences(pipeline_dir)[index];
+    let newest = std::fs::read_dir(folder)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| exactly::core::EntryName::parse(&e.file_name().to_string_lossy()))
+        .max_by_key(|n| (n.id, n.created_unix_ms))
+        .unwrap_or_else(|| panic!("no checkpoint entry in {}", folder.display()));
+    folder.join(newest.file_name)
+}
+
+/// Flips one bit of the byte in the middle of the file at `path` (a
+/// checkpoint entry then fails its checksum).
+pub fn flip_one_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(path, bytes).unwrap();
+}
+
 /// Every checkpoint entry file of the pipeline whose folder is
 /// `pipeline_dir`, in every checkpoint sequence, sorted by path.
 pub fn checkpoint_entry_files(pipeline_dir: &Path) -> Vec<PathBuf> {
