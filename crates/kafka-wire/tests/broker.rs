@@ -209,8 +209,18 @@ async fn unreachable_and_tls_configs_are_clear_errors() {
     assert!(matches!(err, WireError::NoBrokerReachable { .. }), "{err}");
     assert!(err.is_retriable());
 
-    let err = end_txn("SASL_SSL://broker:9093", "t", 1, 0, true).await.unwrap_err();
+    // A scheme that is no security protocol, and a TLS setting the client
+    // cannot honour, are refused before anything is sent.
+    let err = end_txn("HTTPS://broker:9093", "t", 1, 0, true).await.unwrap_err();
+    assert!(matches!(err, WireError::InvalidConfig { .. }), "{err}");
+    assert!(!err.is_retriable(), "{err}");
+    let err = exactly_kafka_wire::WireConfig::from_properties(
+        "SSL://broker:9093",
+        [("security.protocol", "SSL"), ("ssl.key.password", "secret-of-the-key")],
+    )
+    .unwrap_err();
     assert!(matches!(err, WireError::Unsupported { .. }), "{err}");
+    assert!(!err.to_string().contains("secret-of-the-key"), "{err}");
 }
 
 #[tokio::test]
