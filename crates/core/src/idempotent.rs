@@ -197,12 +197,14 @@ pub enum HeldRecords {
     Spilled(String),
 }
 
-/// Committed spill files are renamed `<name>.done` and kept (the newest
-/// [`DONE_MARKERS_KEPT`] per subtask) so a repeated commit after a crash can tell
-/// "already committed" from "lost".
+/// Committed spill files are renamed `<name>.done` and kept so a repeated
+/// commit after a crash can tell "already committed" from "lost": until no
+/// checkpoint that may still be restored can list them (see
+/// [`crate::retention`]), or, while the oldest restorable checkpoint is
+/// unknown, the newest [`DONE_MARKERS_KEPT`] per subtask.
 const DONE_SUFFIX: &str = ".done";
-/// Done markers kept per subtask: far more than a checkpoint can list as
-/// pending, since only the newest complete checkpoint is ever restored.
+/// Done markers kept per subtask while the oldest restorable checkpoint is
+/// unknown: far more than a checkpoint can list as pending.
 const DONE_MARKERS_KEPT: usize = 100;
 
 struct WriteAheadSink<S> {
@@ -210,6 +212,12 @@ struct WriteAheadSink<S> {
     context: SinkContext,
     spill_dir: PathBuf,
     inline_limit: usize,
+    /// Done markers committed since the last `begin`.
+    done_since_begin: Vec<String>,
+    /// Done markers with the checkpoint of the first `begin` after their
+    /// commit: deletable once the oldest restorable checkpoint is at or
+    /// above it.
+    releasable: Vec<(CheckpointId, String)>,
 }
 
 impl<F: IdempotentSinkFactory> SinkFactory for WriteAhead<F> {
@@ -222,6 +230,8 @@ impl<F: IdempotentSinkFactory> SinkFactory for WriteAhead<F> {
             spill_dir: self.spill_dir.join(&context.pipeline),
             inline_limit: self.inline_limit,
             context,
+            done_since_begin: Vec::new(),
+            releasable: Vec::new(),
         }))
     }
 }
@@ -305,15 +315,34 @@ impl<S: IdempotentSink> WriteAheadSink<S> {
     /// Marks a spill file committed and prunes old markers of this subtask.
     async fn mark_done(&mut self, name: &str) -> Result<(), ConnectorError> {
         let path = self.spill_dir.join(name);
-        tokio::fs::rename(&path, self.spill_dir.join(format!("{name}{DONE_SUFFIX}")))
+        let done = format!("{name}{DONE_SUFFIX}");
+        tokio::fs::rename(&path, self.spill_dir.join(&done))
             .await
             .map_err(|e| spill_error(&path, e))?;
-        let mut done = self.own_files(|n| n.ends_with(DONE_SUFFIX)).await;
-        done.sort();
-        for old in done.iter().rev().skip(DONE_MARKERS_KEPT) {
-            let _ = tokio::fs::remove_file(self.spill_dir.join(old)).await;
-        }
+        self.done_since_begin.push(done);
+        self.prune_done().await;
         Ok(())
+    }
+
+    /// Deletes the done markers no restorable checkpoint can list (see
+    /// [`crate::retention`]); while the oldest restorable checkpoint is
+    /// unknown, all but the newest [`DONE_MARKERS_KEPT`].
+    async fn prune_done(&mut self) {
+        let Some(oldest) = self.context.restorable.oldest() else {
+            let mut done = self.own_files(|n| n.ends_with(DONE_SUFFIX)).await;
+            done.sort();
+            for old in done.iter().rev().skip(DONE_MARKERS_KEPT) {
+                let _ = tokio::fs::remove_file(self.spill_dir.join(old)).await;
+            }
+            return;
+        };
+        let (released, kept) = std::mem::take(&mut self.releasable)
+            .into_iter()
+            .partition(|(begun, _)| *begun <= oldest);
+        self.releasable = kept;
+        for (_, name) in released {
+            let _ = tokio::fs::remove_file(self.spill_dir.join(name)).await;
+        }
     }
 
     /// Names of this subtask's files in the spill folder that match `filter`.
@@ -382,10 +411,17 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
             let path = self.spill_dir.join(&name);
             tokio::fs::remove_file(&path).await.map_err(|e| spill_error(&path, e))?;
         }
+        // Markers of earlier runs were committed before anything of this run
+        // begins: released by its first begin.
+        self.done_since_begin = self.own_files(|n| n.ends_with(DONE_SUFFIX)).await;
         Ok(())
     }
 
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<HeldInterval, ConnectorError> {
+        // Every checkpoint that lists a marker committed so far is below
+        // this one.
+        let done = std::mem::take(&mut self.done_since_begin);
+        self.releasable.extend(done.into_iter().map(|name| (checkpoint, name)));
         Ok(HeldInterval {
             checkpoint,
             records: Vec::new(),
@@ -664,5 +700,60 @@ mod tests {
         // A replay from offset 4 after a crash, then new records.
         sink.write(CheckpointId(1), &keyed(4..12)).await.unwrap();
         assert_eq!(*store.counter.lock().unwrap(), 12);
+    }
+
+    /// Done markers go once no restorable checkpoint can list them: after
+    /// the first begin that follows their commit has a checkpoint at or
+    /// below the oldest restorable one — never earlier.
+    #[tokio::test]
+    async fn done_markers_are_pruned_by_the_oldest_restorable_checkpoint() {
+        let spill = tempfile::tempdir().unwrap();
+        let factory = WriteAhead {
+            factory: StoreFactory(Store::default()),
+            spill_dir: spill.path().to_path_buf(),
+            inline_limit: 0,
+        };
+        let restorable = crate::retention::RestorableCheckpoints::default();
+        let mut sink = factory.create(context().with_restorable(restorable.clone())).unwrap();
+        let markers = || -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(spill.path().join("p"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".done"))
+                .map(|n| n.split('-').nth(2).unwrap().to_string())
+                .collect();
+            names.sort();
+            names
+        };
+        sink.recover(&[]).await.unwrap();
+        async fn interval(sink: &mut Box<dyn ErasedSink>, id: u64) {
+            sink.write(CheckpointId(id), &keyed(0..2)).await.unwrap();
+            let held = sink.pre_commit().await.unwrap().unwrap();
+            sink.commit(&held).await.unwrap();
+        }
+        restorable.set(Some(CheckpointId(0)));
+        interval(&mut sink, 1).await; // marker 1, released by the begin of 2
+        interval(&mut sink, 2).await; // marker 2, released by the begin of 4
+        restorable.set(Some(CheckpointId(1)));
+        interval(&mut sink, 4).await;
+        assert_eq!(
+            markers(),
+            ["0000000001", "0000000002", "0000000004"],
+            "2 > oldest 1: all kept"
+        );
+        restorable.set(Some(CheckpointId(2)));
+        interval(&mut sink, 5).await;
+        assert_eq!(
+            markers(),
+            ["0000000002", "0000000004", "0000000005"],
+            "marker 1 released at 2"
+        );
+        restorable.set(None);
+        interval(&mut sink, 6).await;
+        assert_eq!(
+            markers().len(),
+            4,
+            "unknown: nothing released (the newest 100 are kept)"
+        );
     }
 }

@@ -19,6 +19,7 @@ pub mod ownership;
 pub mod pipeline;
 pub mod record;
 pub mod restart;
+pub mod retention;
 pub mod sink;
 pub mod source;
 pub mod store;
@@ -37,6 +38,7 @@ pub use ownership::{plan_recovery, RecoveryPlan, TransactionNames};
 pub use pipeline::{route, Failover, Guarantee, Pipeline, PipelineConfig, RunSummary};
 pub use record::{CheckpointId, Record, SplitPositions};
 pub use restart::RestartStrategy;
+pub use retention::RestorableCheckpoints;
 pub use sink::{
     erase, ErasedSink, PreparedTransaction, PreparedTransactionsFuture, ReplayCheck, SinkContext, SinkFactory,
     TwoPhaseCommitSink,

@@ -43,6 +43,11 @@ pub struct SinkContext {
     pub adopted: Vec<usize>,
     /// The pipeline's counters; sinks count dead letters here.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The oldest checkpoint of this subtask's region that may still be
+    /// restored, kept current by the runtime: prune "already committed"
+    /// markers by it (see [`crate::retention`]). Unknown in a context built
+    /// with [`SinkContext::new`] until set.
+    pub restorable: crate::retention::RestorableCheckpoints,
 }
 
 impl SinkContext {
@@ -60,7 +65,15 @@ impl SinkContext {
             parallelism,
             metrics,
             adopted: Vec::new(),
+            restorable: Default::default(),
         }
+    }
+
+    /// The same context, reading the oldest restorable checkpoint from
+    /// `restorable` (see [`SinkContext::restorable`]).
+    pub fn with_restorable(mut self, restorable: crate::retention::RestorableCheckpoints) -> Self {
+        self.restorable = restorable;
+        self
     }
 
     /// The same context, taking over the old subtasks `adopted` (see

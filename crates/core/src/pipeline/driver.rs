@@ -216,6 +216,7 @@ impl<'p> Driver<'p> {
                 let store = self.region.store.clone();
                 let tx = self.wired.report_tx.clone();
                 let metrics = self.pipeline.metrics.clone();
+                let restorable = self.region.restorable.clone();
                 let id = entry.checkpoint.id;
                 // The coordinator points of a region take `@<region>`.
                 let region = self.region.index;
@@ -234,6 +235,8 @@ impl<'p> Driver<'p> {
                             metrics.store_cleanup_failed();
                             warn!(checkpoint = %id, %error, "could not remove old checkpoint entries; retrying after the next checkpoint");
                         }
+                        // What is left may be restored; unknown if unlisted.
+                        restorable.set(store.list().ok().and_then(|l| super::region::oldest(&l)));
                     }
                     let _ = tx.send(Report::Persisted(id, result));
                 });

@@ -9,7 +9,13 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 use crate::coordinator::TaskId;
-use crate::store::CheckpointStore;
+use crate::retention::RestorableCheckpoints;
+use crate::store::{CheckpointStore, EntryName};
+
+/// The oldest of `entries` (the store's retained entries).
+pub(super) fn oldest(entries: &[EntryName]) -> Option<crate::record::CheckpointId> {
+    entries.iter().map(|e| e.id).min()
+}
 
 /// The subtasks of one region and where its checkpoints live.
 pub(super) struct Region {
@@ -20,6 +26,9 @@ pub(super) struct Region {
     /// Pipeline-wide indices of its sink subtasks.
     pub(super) sinks: Vec<usize>,
     pub(super) store: Arc<dyn CheckpointStore>,
+    /// The oldest checkpoint of the region that may still be restored, for
+    /// its sinks.
+    pub(super) restorable: RestorableCheckpoints,
     /// A checkpoint write still running when an attempt failed. The next
     /// attempt waits for it before reading the store, so it never restores an
     /// older checkpoint while a newer one is landing.
@@ -38,6 +47,7 @@ impl Region {
             sources: subtasks.clone(),
             sinks: subtasks,
             store,
+            restorable: RestorableCheckpoints::default(),
             persisting: std::sync::Mutex::new(None),
         }
     }

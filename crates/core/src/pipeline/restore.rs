@@ -118,6 +118,8 @@ impl Pipeline {
             info!("no checkpoint found: first start");
         }
         let committed_through = self.with_store(store, |store| store.committed_through()).await?;
+        let retained = self.with_store(store, |store| store.list()).await?;
+        region.restorable.set(super::region::oldest(&retained));
         // Everything the restored checkpoint lists was committed by every sink
         // before the pipeline stopped: nothing is left to commit, and a store
         // that forgot those transactions since (an expired Kafka transactional
@@ -159,7 +161,9 @@ impl Pipeline {
                     "taking over the sink subtasks of the higher parallelism"
                 );
             }
-            let context = SinkContext::new(&self.config.name, i, p, self.metrics.clone()).with_adopted(adopted);
+            let context = SinkContext::new(&self.config.name, i, p, self.metrics.clone())
+                .with_adopted(adopted)
+                .with_restorable(region.restorable.clone());
             let sink = self
                 .sink
                 .create(context)
