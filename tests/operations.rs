@@ -188,13 +188,20 @@ fn prepared_gids(url: &str, pipeline: &str) -> BTreeSet<String> {
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, at most `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+fn wait_for<T>(what: &str, limit: Duration, check: impl FnMut() -> Option<T>) -> T {
+    poll_for(limit, check).unwrap_or_else(|| panic!("{what} did not happen within {limit:?}"))
+}
+
+/// [`wait_for`], `None` after `limit`.
+fn poll_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(t) = check() {
-            return t;
+            return Some(t);
         }
-        assert!(Instant::now() < deadline, "{what} did not happen within {limit:?}");
+        if Instant::now() >= deadline {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -267,6 +274,13 @@ impl Running {
 
     fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Kills it and returns its stderr (for a failure message).
+    fn kill_for_log(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.stderr.take().map(|h| h.join().unwrap()).unwrap_or_default()
     }
 
     /// Waits at most `limit` (then kills it and panics with its log).
@@ -377,12 +391,20 @@ fn metrics_and_health_of_a_running_kafka_to_postgres_pipeline() {
 
     // A quiet moment: everything read, committed, and the lag caught up.
     let plain_url = postgres.url().to_string();
-    let scrape = wait_for("the pipeline catching up", Duration::from_secs(90), || {
+    let mut last_seen = String::from("nothing scraped yet");
+    let scrape = poll_for(Duration::from_secs(90), || {
         let (rows, dead) = table_counts(&plain_url, &table);
         let scrape = Scrape::take(&base);
-        let lag = scrape.sum("exactly_consumer_lag_records", &[])?;
+        let lag = scrape.sum("exactly_consumer_lag_records", &[]);
         let pending = scrape.value("exactly_pending_transactions");
-        (rows == orders && dead == 1 && lag == 0.0 && pending == 0.0).then_some(scrape)
+        last_seen = format!("last seen: {rows} rows, {dead} dead letters, lag {lag:?}, {pending} pending");
+        (rows == orders && dead == 1 && lag == Some(0.0) && pending == 0.0).then_some(scrape)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the pipeline did not catch up within 90 s ({last_seen}); its log:\n{}",
+            run.kill_for_log()
+        )
     });
     let (rows, dead) = table_counts(&plain_url, &table);
     assert_eq!((rows, dead), (orders, 1));
