@@ -3,7 +3,9 @@
 //! recover without touching each other's files; a pipeline lowered from 3
 //! to 2 subtasks after a crash commits and cleans up what the third subtask
 //! left; a second process of one pipeline (with a checkpoint folder of its
-//! own) is refused the output folder while the first one writes it.
+//! own) is refused the output folder while the first one writes it; a
+//! corrupt newest checkpoint entry falls back only when the committed files
+//! show no later commit.
 
 mod common;
 
@@ -190,4 +192,71 @@ fn a_second_process_of_a_pipeline_is_refused_the_output_folder_even_with_other_c
     assert!(status.success(), "the first run failed:\n{log}");
     assert_exactly_once_in(&out, "single-writer");
     assert_eq!(pending_files(&out), Default::default());
+}
+
+/// The names of subtask 0's files (pending and committed) of pipeline
+/// `pipeline` in `out`.
+fn files_of_subtask_0(out: &Path, pipeline: &str) -> BTreeSet<String> {
+    std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.trim_start_matches('.').starts_with(&format!("part-{pipeline}-0-")))
+        .collect()
+}
+
+/// A corrupt newest checkpoint entry of region 0 (issue 16). When that
+/// checkpoint was committed (by the recovery after a crash between persist
+/// and commit, killed right after it), the sink finds its committed file:
+/// the start is refused naming the commit and the flag, touching none of
+/// subtask 0's files, and with `--allow-fallback` exactly that file's lines
+/// are duplicated. When it was only pre-committed, the run falls back and
+/// ends exactly once.
+#[test]
+fn a_corrupt_newest_entry_falls_back_only_when_the_committed_files_allow_it() {
+    for committed in [true, false] {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("out");
+        let name = "corrupt";
+        let config = pipeline_in(root.path(), name, 2, &out);
+        run_killed_at(&config, "coordinator.after_persist@0:3");
+        if committed {
+            run_killed_at(&config, "recovery.after_commit@0:1");
+        }
+        let newest = newest_entry_file(&root.path().join(name).join("checkpoints").join(name), 0);
+        let entry = newest.file_name().unwrap().to_string_lossy().into_owned();
+        let id = exactly::core::EntryName::parse(&entry).unwrap().id;
+        flip_one_byte(&newest);
+        let (status, log) = run(&config, None, &[]);
+        if !committed {
+            assert!(status.success(), "the fallback was refused:\n{log}");
+            assert!(log.contains("falling back past unreadable checkpoint entries"), "{log}");
+            assert_exactly_once_in(&out, name);
+            continue;
+        }
+        assert!(!status.success(), "the fallback was accepted:\n{log}");
+        for part in [
+            entry.as_str(),
+            &format!("sink subtask 0 committed the transaction of checkpoint {id}"),
+            "--allow-fallback",
+        ] {
+            assert!(log.contains(part), "`{part}` missing from:\n{log}");
+        }
+        let files = files_of_subtask_0(&out, name);
+        let (status, log) = run(&config, None, &["--allow-fallback"]);
+        assert!(status.success(), "the run with --allow-fallback failed:\n{log}");
+        let interval: Vec<&String> = files
+            .iter()
+            .filter(|f| f.starts_with(&format!("part-{name}-0-{:010}-", id.0)))
+            .collect();
+        assert_eq!(interval.len(), 1, "checkpoint {id}'s committed file: {files:?}");
+        let duplicated = std::fs::read_to_string(out.join(interval[0])).unwrap().lines().count();
+        let o = outcome_of(&read_committed_lines_of(&out, name).unwrap());
+        assert_eq!(
+            (o.duplicates, o.missing),
+            (duplicated, 0),
+            "the lines of checkpoint {id}'s file are written twice, nothing else"
+        );
+        assert!(duplicated > 0);
+    }
 }
