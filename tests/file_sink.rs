@@ -227,6 +227,7 @@ fn a_corrupt_newest_entry_falls_back_only_when_the_committed_files_allow_it() {
         let entry = newest.file_name().unwrap().to_string_lossy().into_owned();
         let id = exactly::core::EntryName::parse(&entry).unwrap().id;
         flip_one_byte(&newest);
+        let before = files_of_subtask_0(&out, name);
         let (status, log) = run(&config, None, &[]);
         if !committed {
             assert!(status.success(), "the fallback was refused:\n{log}");
@@ -243,6 +244,7 @@ fn a_corrupt_newest_entry_falls_back_only_when_the_committed_files_allow_it() {
             assert!(log.contains(part), "`{part}` missing from:\n{log}");
         }
         let files = files_of_subtask_0(&out, name);
+        assert_eq!(files, before, "the refused run touched subtask 0's files");
         let (status, log) = run(&config, None, &["--allow-fallback"]);
         assert!(status.success(), "the run with --allow-fallback failed:\n{log}");
         let interval: Vec<&String> = files
