@@ -15,11 +15,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::orders::*;
 use common::*;
 use exactly_kafka::admin::{KafkaAdmin, ProduceRecord};
 use exactly_testkit::{KafkaBroker, PostgresServer};
 
-const PARTITIONS: i32 = 4;
 const ORDERS: i64 = 4000;
 
 /// The services of a test.
@@ -79,34 +79,11 @@ impl Services {
 
 /// A topic or table name no other test (or earlier run against external
 /// services) uses: lower case, a valid SQL identifier.
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().subsec_nanos();
-    format!("{name}_{}_{nanos}", std::process::id())
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn order(id: i64) -> ProduceRecord {
-    ProduceRecord::new(format!(
-        r#"{{"id":{id},"customer":"c{}","amount":{}.{:02},"note":"order number {id}"}}"#,
-        id % 97,
-        id % 500,
-        id % 100
-    ))
-    .with_key(format!("{id}"))
-    .to_partition((id % PARTITIONS as i64) as i32)
-}
-
-/// Creates `topic` with [`PARTITIONS`] partitions.
+/// Creates `topic` with [`ORDER_PARTITIONS`] partitions.
 fn create_topic(bootstrap: &str, topic: &str) {
-    runtime().block_on(async {
+    current_thread_runtime().block_on(async {
         KafkaAdmin::new(bootstrap)
-            .create_topic(topic, PARTITIONS)
+            .create_topic(topic, ORDER_PARTITIONS)
             .await
             .expect("creating the topic")
     });
@@ -115,81 +92,12 @@ fn create_topic(bootstrap: &str, topic: &str) {
 /// Creates `topic` and produces `records` into it.
 fn produce(bootstrap: &str, topic: &str, records: Vec<ProduceRecord>) {
     create_topic(bootstrap, topic);
-    runtime().block_on(async {
+    current_thread_runtime().block_on(async {
         KafkaAdmin::new(bootstrap)
             .produce(topic, records)
             .await
             .expect("producing");
     });
-}
-
-/// Orders of a [`Feed`] per chunk, and the pause after each chunk.
-const FEED_CHUNK: i64 = 50;
-const FEED_PAUSE: Duration = Duration::from_millis(25);
-
-/// Orders `0..count` produced from a background thread at a steady pace
-/// ([`FEED_CHUNK`] orders, then [`FEED_PAUSE`]; 4,000 orders take at least
-/// 2 s), so a pipeline reading them as they come spans many checkpoints
-/// and an outage hits it mid-stream, however fast the machine: read at full
-/// speed, 4,000 orders produced beforehand reach the sink within two or
-/// three checkpoint intervals.
-struct Feed {
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Feed {
-    /// Creates `topic` and starts producing, with one idempotent producer
-    /// that waits for each chunk's deliveries before the pause.
-    fn start(bootstrap: &str, topic: &str, count: i64) -> Feed {
-        use rdkafka::producer::{FutureProducer, FutureRecord};
-        create_topic(bootstrap, topic);
-        let producer: FutureProducer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            // Rides out the outages of the broker tests.
-            .set("message.timeout.ms", "120000")
-            .create()
-            .expect("creating the feed's producer");
-        let topic = topic.to_string();
-        let thread = std::thread::spawn(move || {
-            runtime().block_on(async {
-                for start in (0..count).step_by(FEED_CHUNK as usize) {
-                    let chunk: Vec<ProduceRecord> = (start..(start + FEED_CHUNK).min(count)).map(order).collect();
-                    let mut deliveries = Vec::with_capacity(chunk.len());
-                    for record in &chunk {
-                        let key = record.key.as_deref().expect("orders have keys");
-                        let partition = record.partition.expect("orders name their partition");
-                        let message = FutureRecord::to(&topic)
-                            .key(key)
-                            .payload(&record.value)
-                            .partition(partition);
-                        let delivery = producer.send_result(message).map_err(|(e, _)| e);
-                        deliveries.push(delivery.expect("queueing an order of the feed"));
-                    }
-                    for delivery in deliveries {
-                        let delivered = delivery.await.expect("the feed's producer is alive");
-                        delivered.map_err(|(e, _)| e).expect("delivering an order of the feed");
-                    }
-                    tokio::time::sleep(FEED_PAUSE).await;
-                }
-            })
-        });
-        Feed { thread }
-    }
-
-    /// Whether orders are still being produced.
-    fn is_running(&self) -> bool {
-        !self.thread.is_finished()
-    }
-
-    /// Waits until every order is produced.
-    fn finish(self) {
-        if let Err(panic) = self.thread.join() {
-            std::panic::resume_unwind(panic);
-        }
-    }
 }
 
 fn pipeline_file(dir: &Path, name: &str, guarantee: &str, s: &Services, topic: &str, table: &str) -> PathBuf {
@@ -226,7 +134,7 @@ fn unbounded(bounded: &Path) -> PathBuf {
 /// of `points` in turn, then, once every order is produced, runs it to the
 /// end of the topic.
 fn crash_while_fed(s: &Services, dir: &Path, name: &str, guarantee: &str, table: &str, points: &[&str]) {
-    let topic = unique(name);
+    let topic = fresh(name);
     let bounded = pipeline_file(dir, name, guarantee, s, &topic, table);
     let fed = unbounded(&bounded);
     let feed = Feed::start(s.bootstrap(), &topic, ORDERS);
@@ -249,7 +157,7 @@ struct TableState {
 }
 
 fn table_state(url: &str, table: &str) -> TableState {
-    runtime().block_on(async {
+    current_thread_runtime().block_on(async {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         let row = client
@@ -286,20 +194,6 @@ fn table_state(url: &str, table: &str) -> TableState {
     })
 }
 
-/// Rows committed so far (mid-run: prepared transactions may be pending).
-/// 0 while the sink has not created the table yet.
-fn committed_rows(url: &str, table: &str) -> i64 {
-    runtime().block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
-        match client.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await {
-            Ok(row) => row.get(0),
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => 0,
-            Err(e) => panic!("counting the rows of {table}: {e}"),
-        }
-    })
-}
-
 fn assert_exactly_once(state: &TableState, produced: i64, what: &str) {
     let expected: BTreeSet<i64> = (0..produced).collect();
     assert_eq!(
@@ -315,7 +209,7 @@ fn kafka_to_postgres_is_exactly_once_under_sigkill_at_every_phase() {
     let s = Services::start(Disturbs::Nothing);
     let dir = tempfile::tempdir().unwrap();
     for (i, (name, points)) in TWO_PHASE_CRASH_CASES.iter().enumerate() {
-        let table = unique(&format!("matrix{i}"));
+        let table = fresh(&format!("matrix{i}"));
         crash_while_fed(&s, dir.path(), name, "exactly-once", &table, points);
         assert_exactly_once(&table_state(s.postgres.url(), &table), ORDERS, name);
     }
@@ -327,7 +221,7 @@ fn kafka_to_postgres_is_exactly_once_under_sigkill_at_every_phase() {
 fn at_least_once_shows_duplicates_after_the_same_crash() {
     let s = Services::start(Disturbs::Nothing);
     let dir = tempfile::tempdir().unwrap();
-    let table = unique("alo");
+    let table = fresh("alo");
     crash_while_fed(
         &s,
         dir.path(),
@@ -355,14 +249,14 @@ const OUTAGE_ORDERS: i64 = 10_000;
 /// committed, SIGTERM must end it cleanly with every order exactly once.
 fn run_with_outage(name: &str, disturbs: Disturbs, outage: impl FnOnce(&mut Services)) {
     let mut s = Services::start(disturbs);
-    let topic = unique(name);
+    let topic = fresh(name);
     let dir = tempfile::tempdir().unwrap();
-    let table = unique(name);
+    let table = fresh(name);
     let fed = unbounded(&pipeline_file(dir.path(), name, "exactly-once", &s, &topic, &table));
     let feed = Feed::start(s.bootstrap(), &topic, OUTAGE_ORDERS);
     let mut child = spawn(&fed);
     let started = Instant::now();
-    let Some(before) = wait_for_rows(&s, &table, &mut child, 1) else {
+    let Some(before) = wait_for_orders(s.postgres.url(), &table, &mut child, 1, Duration::from_secs(120)) else {
         let (status, _, log) = wait(child, Duration::from_secs(10));
         panic!("{name}: the pipeline ended before the outage ({status}):\n{log}");
     };
@@ -377,7 +271,15 @@ fn run_with_outage(name: &str, disturbs: Disturbs, outage: impl FnOnce(&mut Serv
     );
     outage(&mut s);
     feed.finish();
-    if wait_for_rows(&s, &table, &mut child, OUTAGE_ORDERS).is_none() {
+    if wait_for_orders(
+        s.postgres.url(),
+        &table,
+        &mut child,
+        OUTAGE_ORDERS,
+        Duration::from_secs(120),
+    )
+    .is_none()
+    {
         let (status, _, log) = wait(child, Duration::from_secs(10));
         panic!("{name}: the pipeline ended ({status}) before every order was committed:\n{log}");
     }
@@ -385,26 +287,6 @@ fn run_with_outage(name: &str, disturbs: Disturbs, outage: impl FnOnce(&mut Serv
     let (status, _, log) = wait(child, Duration::from_secs(60));
     assert!(status.success(), "{name}: the pipeline failed:\n{log}");
     assert_exactly_once(&table_state(s.postgres.url(), &table), OUTAGE_ORDERS, name);
-}
-
-/// Waits (at most 120 s) until `table` holds at least `rows` committed rows
-/// and returns their count; `None` if `child` ended first.
-fn wait_for_rows(s: &Services, table: &str, child: &mut Background, rows: i64) -> Option<i64> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if !child.is_running() {
-            return None;
-        }
-        let committed = committed_rows(s.postgres.url(), table);
-        if committed >= rows {
-            return Some(committed);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{table}: {committed} rows committed after 120 s, waiting for {rows}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -437,14 +319,14 @@ fn a_broker_restart_is_retried_and_ends_exactly_once() {
 #[test]
 fn malformed_records_become_counted_dead_letters_and_the_rest_is_delivered() {
     let s = Services::start(Disturbs::Nothing);
-    let topic = unique("orders_bad");
+    let topic = fresh("orders_bad");
     let mut records: Vec<ProduceRecord> = (0..200).map(order).collect();
     records.push(ProduceRecord::new("not json at all").to_partition(0));
     records.push(ProduceRecord::new(r#"{"customer":"no id"}"#).to_partition(1));
     records.push(ProduceRecord::new(r#"{"id":"abc"}"#).to_partition(2));
     produce(s.bootstrap(), &topic, records);
     let dir = tempfile::tempdir().unwrap();
-    let table = unique("bad");
+    let table = fresh("bad");
     let config = pipeline_file(dir.path(), "bad", "exactly-once", &s, &topic, &table);
     let (status, stdout, log) = wait(spawn(&config), Duration::from_secs(120));
     assert!(status.success(), "{log}");
@@ -461,7 +343,7 @@ fn malformed_records_become_counted_dead_letters_and_the_rest_is_delivered() {
 fn max_prepared_transactions_zero_is_refused_with_the_setting_named() {
     // ALTER SYSTEM: never on a server given by EXACTLY_DATABASE_URL.
     let mut s = Services::start(Disturbs::Postgres);
-    runtime().block_on(async {
+    current_thread_runtime().block_on(async {
         let (client, connection) = tokio_postgres::connect(s.postgres.url(), tokio_postgres::NoTls)
             .await
             .unwrap();
@@ -474,7 +356,7 @@ fn max_prepared_transactions_zero_is_refused_with_the_setting_named() {
     });
     s.postgres.stop().unwrap();
     s.postgres.restart().unwrap();
-    let topic = unique("orders_mpt");
+    let topic = fresh("orders_mpt");
     produce(s.bootstrap(), &topic, (0..10).map(order).collect());
     let dir = tempfile::tempdir().unwrap();
     let config = pipeline_file(dir.path(), "mpt", "exactly-once", &s, &topic, "mpt");
@@ -487,11 +369,11 @@ fn max_prepared_transactions_zero_is_refused_with_the_setting_named() {
 #[test]
 fn sigterm_takes_a_last_checkpoint_commits_it_and_a_restart_continues_exactly() {
     let s = Services::start(Disturbs::Nothing);
-    let topic = unique("orders_sigterm");
+    let topic = fresh("orders_sigterm");
     let orders = 10_000;
     produce(s.bootstrap(), &topic, (0..orders).map(order).collect());
     let dir = tempfile::tempdir().unwrap();
-    let table = unique("sigterm");
+    let table = fresh("sigterm");
     let bounded = pipeline_file(dir.path(), "sigterm", "exactly-once", &s, &topic, &table);
     let text = std::fs::read_to_string(&bounded).unwrap();
     let unbounded = dir.path().join("unbounded.toml");

@@ -90,6 +90,8 @@ impl Feed {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "5")
+            // Rides out the outages of the broker tests.
+            .set("message.timeout.ms", "120000")
             .create()
             .expect("creating the feed's producer");
         let topic = topic.to_string();
