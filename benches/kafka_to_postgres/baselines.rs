@@ -1,7 +1,8 @@
 //! The baselines, each run in a re-executed child of this bench (so its
 //! peak RSS and CPU are its own): the raw binary COPY (the sink's ceiling),
 //! the raw consume (the source's ceiling) and the minimal consume → COPY
-//! loop (the machine's ceiling, which the targets compare exactly with).
+//! loop (the machine's ceiling, which the targets compare exactly with) and
+//! the hand-written exactly-once loop (`hand_loop.rs`).
 //!
 //! Each prints `records=N` (and `copies=N` when it writes) on stdout.
 
@@ -16,6 +17,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 
 use crate::child::{log_dir, Running};
+use crate::input::end_offsets;
 use crate::runs::{env_u64, Kind};
 use crate::services::pg_connect;
 use crate::workload::{
@@ -43,13 +45,13 @@ pub fn spawn_baseline(ctx: &Ctx, kind: Kind, name: &str, topic: &str, table: &st
     Running::spawn(cmd, &log_dir().join(format!("{name}-{phase}.log")))
 }
 
-struct Args {
-    bootstrap: String,
-    topic: String,
-    pg_url: String,
-    table: String,
-    records: u64,
-    follow: bool,
+pub struct Args {
+    pub bootstrap: String,
+    pub topic: String,
+    pub pg_url: String,
+    pub table: String,
+    pub records: u64,
+    pub follow: bool,
 }
 
 fn var(name: &str) -> Result<String> {
@@ -72,7 +74,8 @@ pub fn main(role: &str) -> Result<()> {
         "copy" => copy(&args),
         "consume" => consume(&args),
         "loop" => minimal_loop(&args),
-        other => bail!("unknown {ROLE_ENV} `{other}`: use copy, consume or loop"),
+        "hand" => crate::hand_loop::run(&args),
+        other => bail!("unknown {ROLE_ENV} `{other}`: use copy, consume, loop or hand"),
     }
 }
 
@@ -110,36 +113,31 @@ fn copy(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// A consumer with the settings of the exactly Kafka source (explicit
-/// assignment, read_committed, no group commits, the source's prefetch
-/// defaults).
-fn raw_consumer(bootstrap: &str) -> Result<BaseConsumer> {
+/// The settings of the exactly Kafka source (explicit assignment,
+/// read_committed, no group commits, the source's prefetch defaults), for
+/// every consumer of the baselines.
+pub fn consumer_config(bootstrap: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.extend(exactly_kafka::PREFETCH_DEFAULTS.map(|(k, v)| (k.to_string(), v.to_string())));
-    Ok(config
+    config
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "exactly-bench-raw")
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .create()?)
+        .set("isolation.level", "read_committed");
+    config
 }
 
 /// Assigns `partitions` from the beginning and returns the consumer and,
-/// unless following, the end offsets it reads up to: the high watermarks
-/// the broker reports now, as the source reads them for `stop_at_end`.
+/// unless following, the end offsets it reads up to.
 fn open(args: &Args, partitions: &[i32]) -> Result<(BaseConsumer, Vec<(i32, i64)>)> {
-    let consumer = raw_consumer(&args.bootstrap)?;
-    let mut ends = Vec::new();
-    if !args.follow {
-        for &p in partitions {
-            let (_, high) = consumer
-                .fetch_watermarks(&args.topic, p, Duration::from_secs(30))
-                .with_context(|| format!("reading the end offset of partition {p} of `{}`", args.topic))?;
-            ends.push((p, high));
-        }
-    }
+    let consumer: BaseConsumer = consumer_config(&args.bootstrap).create()?;
+    let ends = if args.follow {
+        Vec::new()
+    } else {
+        end_offsets(&args.bootstrap, &args.topic, partitions)?
+    };
     let mut list = TopicPartitionList::new();
     for &p in partitions {
         list.add_partition_offset(&args.topic, p, Offset::Beginning)?;
@@ -149,22 +147,22 @@ fn open(args: &Args, partitions: &[i32]) -> Result<(BaseConsumer, Vec<(i32, i64)
 }
 
 /// Tracks the next offset of each partition against its end.
-struct Progress {
+pub struct Progress {
     next: Vec<(i32, i64, i64)>,
 }
 
 impl Progress {
-    fn new(ends: &[(i32, i64)]) -> Progress {
+    pub fn new(ends: &[(i32, i64)]) -> Progress {
         Progress {
             next: ends.iter().map(|(p, e)| (*p, 0, *e)).collect(),
         }
     }
-    fn saw(&mut self, partition: i32, offset: i64) {
+    pub fn saw(&mut self, partition: i32, offset: i64) {
         if let Some(e) = self.next.iter_mut().find(|e| e.0 == partition) {
             e.1 = e.1.max(offset + 1);
         }
     }
-    fn done(&self) -> bool {
+    pub fn done(&self) -> bool {
         self.next.iter().all(|(_, next, end)| next >= end)
     }
 }

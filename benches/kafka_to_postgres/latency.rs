@@ -92,7 +92,7 @@ pub fn latency_run(ctx: &Ctx, kind: Kind, name: &str) -> Result<Latency> {
     let (rate, secs) = (ctx.settings.latency_rate, ctx.settings.latency_secs);
     ctx.pg.rt.block_on(create_topic(&ctx.bootstrap, &topic))?;
     if kind.writes_postgres() {
-        ctx.pg.fresh_table(&target)?;
+        ctx.pg.fresh_table(&target, kind.table_shape())?;
     }
     let running = if kind.is_pipeline() {
         let file = write_pipeline(ctx, kind, &format!("{name}-lat"), &topic, &target, false)?;

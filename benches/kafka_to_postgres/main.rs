@@ -19,7 +19,8 @@
 //!
 //! The files: `services.rs` (broker, PostgreSQL, Redis), `input.rs` (the
 //! topic), `pipelines.rs` (the exactly rows), `baselines.rs` (raw COPY, raw
-//! consume, the minimal loop), `child.rs` (spawning and reaping the runs),
+//! consume, the minimal loop), `hand_loop.rs` (the hand-written
+//! exactly-once loop), `child.rs` (spawning and reaping the runs),
 //! `measure.rs` (CPU, RSS, transactions), `latency.rs` (the latency
 //! phase), `report.rs` (the table), `runs.rs` (which runs, which settings),
 //! `workload.rs` (records, table, COPY).
@@ -31,14 +32,16 @@
 //! | `EXACTLY_BENCH_RECORDS` | 1000000 | records preloaded and delivered per run |
 //! | `EXACTLY_BENCH_LATENCY_RATE` | 2000 | records/s produced during the latency phase |
 //! | `EXACTLY_BENCH_LATENCY_SECS` | 20 | length of the latency phase (0 skips it) |
-//! | `EXACTLY_BENCH_RUNS` | `loop,copy,consume,eo,alo,redis,pg-fenced,loop,eo,alo,loop,eo,alo` | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
+//! | `EXACTLY_BENCH_RUNS` | `loop,copy,consume,hand,eo,eo-kv,alo,redis,pg-fenced` then `loop,hand,eo,eo-kv,alo` twice | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
 //! | `EXACTLY_BENCH_SOURCE_EXTRA` | — | TOML lines appended to every pipeline's `[source.kafka]` (experiments) |
 //! | `EXACTLY_BENCH_STOP_AT_END` | 1 | 0: pipelines read unbounded and end by SIGTERM once a persisted checkpoint has read everything |
 //! | `EXACTLY_BENCH_PRELOAD_LINGER_MS` | 20 | `linger.ms` of the producer that preloads the topic |
+//! | `EXACTLY_BENCH_EXACTLY` | the binary cargo built | another `exactly` binary to run (comparing builds) |
 //! | `EXACTLY_KAFKA_BOOTSTRAP` | — | an external Kafka to use instead of a broker of the bench's own (the topics must not exist there) |
 
 mod baselines;
 mod child;
+mod hand_loop;
 mod input;
 mod latency;
 mod measure;
@@ -119,7 +122,8 @@ pub struct Outcome {
 
 fn bench() -> Result<()> {
     let settings = Settings::from_env()?;
-    let exactly = PathBuf::from(env!("CARGO_BIN_EXE_exactly"));
+    let exactly = std::env::var_os("EXACTLY_BENCH_EXACTLY")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_exactly")), PathBuf::from);
     if !exactly.is_file() {
         bail!(
             "the exactly binary is missing at {}: build it first with `cargo build --release --bin exactly` \
@@ -164,7 +168,7 @@ fn bench() -> Result<()> {
     // segments the first million rows need (later runs recycle them).
     eprintln!("[bench] warm-up: the minimal loop, unmeasured");
     let warmup_table = target_name("warm-up", "tp");
-    ctx.pg.fresh_table(&warmup_table)?;
+    ctx.pg.fresh_table(&warmup_table, Kind::MinimalLoop.table_shape())?;
     let warmup =
         spawn_baseline(&ctx, Kind::MinimalLoop, "warm-up", TOPIC, &warmup_table, false)?.finish(RUN_TIMEOUT)?;
     if !warmup.success() {
@@ -291,7 +295,7 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
     let n = ctx.settings.records;
     let target = target_name(name, "tp");
     if kind.writes_postgres() {
-        ctx.pg.fresh_table(&target)?;
+        ctx.pg.fresh_table(&target, kind.table_shape())?;
     }
     let xid_before = ctx.pg.rt.block_on(pg_next_xid(&ctx.pg.client))?;
     let scripts_before = match kind {
@@ -382,8 +386,11 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
             }
         }
         _ => {
+            let id = kind.table_shape().id_column();
             let row = ctx.pg.rt.block_on(ctx.pg.client.query_one(
-                &format!("SELECT count(*), count(DISTINCT id), (SELECT count(*) FROM pg_prepared_xacts) FROM {target}"),
+                &format!(
+                    "SELECT count(*), count(DISTINCT {id}), (SELECT count(*) FROM pg_prepared_xacts) FROM {target}"
+                ),
                 &[],
             ))?;
             let (rows, distinct, prepared): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));

@@ -10,7 +10,7 @@ use exactly_core::{CheckpointStore, FsCheckpointStore};
 
 use crate::child::{log_dir, Finished, Running};
 use crate::runs::Kind;
-use crate::workload::{records_in_partition, BATCH, CHECKPOINT_INTERVAL, PARALLELISM, PARTITIONS};
+use crate::workload::{records_in_partition, TableShape, BATCH, CHECKPOINT_INTERVAL, PARALLELISM, PARTITIONS};
 use crate::Ctx;
 
 /// Writes `<work>/<name>.toml`: `topic` → `target` (a table, or a Redis
@@ -32,6 +32,17 @@ pub fn write_pipeline(ctx: &Ctx, kind: Kind, name: &str, topic: &str, target: &s
             } else {
                 ""
             };
+            let columns = match kind.table_shape() {
+                TableShape::Orders => {
+                    r#"id = { from = "/id", type = "bigint" }
+ts = { from = "timestamp", type = "timestamptz" }
+payload = { from = "value", type = "jsonb" }"#
+                }
+                TableShape::KeyValue => {
+                    r#"key = { from = "key", type = "text" }
+value = { from = "value", type = "text" }"#
+                }
+            };
             format!(
                 r#"[sink.postgres]
 url = "{url}"
@@ -40,9 +51,7 @@ table = "{target}"
 [sink.postgres.columns]
 part = {{ from = "partition", type = "int" }}
 off = {{ from = "offset", type = "bigint" }}
-id = {{ from = "/id", type = "bigint" }}
-ts = {{ from = "timestamp", type = "timestamptz" }}
-payload = {{ from = "value", type = "jsonb" }}
+{columns}
 "#,
                 url = ctx.pg_url
             )

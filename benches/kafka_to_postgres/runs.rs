@@ -3,7 +3,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::workload::PARTITIONS;
+use crate::workload::{TableShape, PARTITIONS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -14,6 +14,11 @@ pub enum Kind {
     AtLeastOnce,
     RedisFenced,
     PostgresFenced,
+    /// The hand-written exactly-once loop of issue 15 (`hand_loop.rs`).
+    HandLoop,
+    /// The exactly-once pipeline into the hand loop's table (key and value
+    /// as text, no JSON): the same work as the hand loop.
+    ExactlyOnceKeyValue,
     /// Diagnostic, only on request: the exactly-once pipeline without
     /// partition discovery, to show what the discovery's waits cost.
     ExactlyOnceNoDiscovery,
@@ -23,27 +28,35 @@ impl Kind {
     /// The default runs, in order: every row once, then the three rows the
     /// targets compare twice more, interleaved, so that the targets compare
     /// means of three and the table shows how much a single run varies.
-    pub const DEFAULT: [Kind; 13] = [
+    pub const DEFAULT: [Kind; 19] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
         Kind::RawConsume,
+        Kind::HandLoop,
         Kind::ExactlyOnce,
+        Kind::ExactlyOnceKeyValue,
         Kind::AtLeastOnce,
         Kind::RedisFenced,
         Kind::PostgresFenced,
         Kind::MinimalLoop,
+        Kind::HandLoop,
         Kind::ExactlyOnce,
+        Kind::ExactlyOnceKeyValue,
         Kind::AtLeastOnce,
         Kind::MinimalLoop,
+        Kind::HandLoop,
         Kind::ExactlyOnce,
+        Kind::ExactlyOnceKeyValue,
         Kind::AtLeastOnce,
     ];
     /// Every run `EXACTLY_BENCH_RUNS` can name.
-    pub const ANY: [Kind; 8] = [
+    pub const ANY: [Kind; 10] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
         Kind::RawConsume,
+        Kind::HandLoop,
         Kind::ExactlyOnce,
+        Kind::ExactlyOnceKeyValue,
         Kind::AtLeastOnce,
         Kind::RedisFenced,
         Kind::PostgresFenced,
@@ -60,6 +73,8 @@ impl Kind {
             Kind::RedisFenced => "redis",
             Kind::PostgresFenced => "pg-fenced",
             Kind::ExactlyOnceNoDiscovery => "eo-no-discovery",
+            Kind::HandLoop => "hand",
+            Kind::ExactlyOnceKeyValue => "eo-kv",
         }
     }
 
@@ -73,6 +88,8 @@ impl Kind {
             Kind::RedisFenced => "exactly, Redis HINCRBY fenced",
             Kind::PostgresFenced => "exactly, PostgreSQL mode = \"fenced\"",
             Kind::ExactlyOnceNoDiscovery => "exactly, exactly-once, partition discovery off (diagnostic)",
+            Kind::HandLoop => "hand-written exactly-once loop ×2 (key, value as text)",
+            Kind::ExactlyOnceKeyValue => "exactly, exactly-once, the hand loop's table (key, value as text)",
         }
     }
 
@@ -85,7 +102,16 @@ impl Kind {
                 | Kind::RedisFenced
                 | Kind::PostgresFenced
                 | Kind::ExactlyOnceNoDiscovery
+                | Kind::ExactlyOnceKeyValue
         )
+    }
+
+    /// The table the run writes (for the runs that write PostgreSQL).
+    pub fn table_shape(self) -> TableShape {
+        match self {
+            Kind::HandLoop | Kind::ExactlyOnceKeyValue => TableShape::KeyValue,
+            _ => TableShape::Orders,
+        }
     }
 
     pub fn writes_postgres(self) -> bool {

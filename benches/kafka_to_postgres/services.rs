@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use exactly_testkit::kafka::{KAFKA_BOOTSTRAP_ENV, KAFKA_VERSION};
 use exactly_testkit::{KafkaBroker, PostgresServer, RedisServer};
 
-use crate::workload::create_table_sql;
+use crate::hand_loop::offsets_table;
+use crate::workload::{create_table_sql, TableShape};
 
 /// The broker JVM's heap (`-Xms` = `-Xmx`). Kafka keeps records in the page
 /// cache, not on the heap: the 1M-record topic (about 130 MB on disk) and
@@ -107,18 +108,20 @@ impl Pg {
             .with_context(|| format!("running `{sql}`"))
     }
 
-    pub fn fresh_table(&self, table: &str) -> Result<()> {
+    pub fn fresh_table(&self, table: &str, shape: TableShape) -> Result<()> {
         self.execute(&format!(
-            "DROP TABLE IF EXISTS {table}, {table}_dead_letters; {}",
-            create_table_sql(table)
+            "DROP TABLE IF EXISTS {table}, {table}_dead_letters, {}; {}",
+            offsets_table(table),
+            create_table_sql(table, shape)
         ))
     }
 
-    /// Drops a run's tables and flushes PostgreSQL's dirty pages, so every
-    /// run starts from the same state.
+    /// Drops a run's tables (the hand loop's offsets too) and flushes
+    /// PostgreSQL's dirty pages, so every run starts from the same state.
     pub fn cleanup_table(&self, table: &str) -> Result<()> {
         self.execute(&format!(
-            "DROP TABLE IF EXISTS {table}, {table}_dead_letters; CHECKPOINT"
+            "DROP TABLE IF EXISTS {table}, {table}_dead_letters, {}; CHECKPOINT",
+            offsets_table(table)
         ))
     }
 

@@ -56,12 +56,40 @@ pub fn target_name(name: &str, phase: &str) -> String {
     format!("bench_{}_{phase}", name.replace('-', "_"))
 }
 
-/// The target table: one row per record, primary key (partition, offset).
-pub fn create_table_sql(table: &str) -> String {
-    format!(
-        "CREATE TABLE {table} (part integer NOT NULL, off bigint NOT NULL, id bigint NOT NULL, \
-         ts timestamptz NOT NULL, payload jsonb NOT NULL, PRIMARY KEY (part, off))"
-    )
+/// The two target tables, both one row per record with the primary key
+/// (partition, offset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableShape {
+    /// `(part, off, id, ts, payload jsonb)`: `/id` read from the JSON value,
+    /// the value checked as JSON.
+    Orders,
+    /// `(part, off, key text, value text)`: the hand-written loop's table of
+    /// issue 15, no JSON.
+    KeyValue,
+}
+
+impl TableShape {
+    /// A column that holds each record's id (the check counts its distinct values).
+    pub fn id_column(self) -> &'static str {
+        match self {
+            TableShape::Orders => "id",
+            TableShape::KeyValue => "key",
+        }
+    }
+}
+
+/// The target table of `shape`.
+pub fn create_table_sql(table: &str, shape: TableShape) -> String {
+    match shape {
+        TableShape::Orders => format!(
+            "CREATE TABLE {table} (part integer NOT NULL, off bigint NOT NULL, id bigint NOT NULL, \
+             ts timestamptz NOT NULL, payload jsonb NOT NULL, PRIMARY KEY (part, off))"
+        ),
+        TableShape::KeyValue => format!(
+            "CREATE TABLE {table} (part integer NOT NULL, off bigint NOT NULL, key text, value text, \
+             PRIMARY KEY (part, off))"
+        ),
+    }
 }
 
 pub const COPY_TYPES: [Type; 5] = [Type::INT4, Type::INT8, Type::INT8, Type::TIMESTAMPTZ, Type::JSONB];
