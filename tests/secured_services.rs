@@ -177,7 +177,7 @@ fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
 }
 
 #[test]
-fn kafka_to_postgres_over_tls_and_sasl_ssl_survives_sigkills_after_a_persist_and_during_recovery() {
+fn kafka_to_postgres_over_tls_and_sasl_ssl_survives_sigkills_at_every_phase() {
     let services = Services::start();
     let dir = tempfile::tempdir().unwrap();
     let (name, table) = (fresh("secured_pg"), fresh("secured_orders"));
@@ -185,7 +185,11 @@ fn kafka_to_postgres_over_tls_and_sasl_ssl_survives_sigkills_after_a_persist_and
     let config = kafka_to_postgres(&services, dir.path(), (&name, &topic, &table), UrlFrom::File);
     let limit = Duration::from_secs(180);
 
-    // Killed with the persisted checkpoint's transactions prepared.
+    // Killed while writing, then with a transaction prepared that no
+    // checkpoint lists, then with the persisted checkpoint's transactions
+    // prepared.
+    run_killed_within(&config, "source.after_emit:40", &[], limit);
+    run_killed_within(&config, "sink.after_pre_commit:2", &[], limit);
     run_killed_within(&config, "coordinator.after_persist:3", &[], limit);
     let pending = prepared_of_pipeline(services.admin_url(), &name);
     assert!(
