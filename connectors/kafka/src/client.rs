@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use exactly_core::{ConnectorError, Record};
+use exactly_core::{ConnectorError, Record, SplitName};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::ConsumerContext;
@@ -179,20 +179,49 @@ pub(crate) fn consumer_config(bootstrap: &str, group: &str, properties: &BTreeMa
     config
 }
 
-/// A consumed message as a [`Record`] of split `<topic>-<partition>`. A header
-/// without a value becomes an empty value.
-pub(crate) fn to_record(message: &BorrowedMessage<'_>) -> Record {
+/// The split names of one topic's partitions, each built once and shared
+/// by every record of its partition.
+#[derive(Debug, Default)]
+pub(crate) struct SplitNames(BTreeMap<i32, SplitName>);
+
+impl SplitNames {
+    /// The split of `partition` of `topic` (one topic per cache).
+    fn of(&mut self, topic: &str, partition: i32) -> SplitName {
+        self.0
+            .entry(partition)
+            .or_insert_with(|| split_name(topic, partition).into())
+            .clone()
+    }
+}
+
+/// A consumed message as a [`Record`] of split `<topic>-<partition>` (its
+/// name from `names`). A header without a value becomes an empty value.
+pub(crate) fn to_record(message: &BorrowedMessage<'_>, names: &mut SplitNames) -> Record {
     let headers = message.headers().map_or_else(Vec::new, |h| {
         h.iter()
             .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
             .collect()
     });
     Record {
-        split: split_name(message.topic(), message.partition()),
+        split: names.of(message.topic(), message.partition()),
         offset: message.offset(),
         key: message.key().map(<[u8]>::to_vec),
         value: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
         timestamp_ms: message.timestamp().to_millis(),
         headers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_a_partition_share_one_split_name() {
+        let mut names = SplitNames::default();
+        let first = names.of("orders", 3);
+        assert_eq!(first, "orders-3");
+        assert!(names.of("orders", 3).shares_with(&first), "built once per partition");
+        assert_eq!(names.of("orders", 4), "orders-4");
     }
 }

@@ -13,7 +13,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 
 use crate::client::{
-    consumer_config, creation_error, is_fatal, to_record, KafkaSourceMetrics, KafkaSourceMetricsSnapshot, SourceContext,
+    consumer_config, creation_error, is_fatal, to_record, KafkaSourceMetrics, KafkaSourceMetricsSnapshot,
+    SourceContext, SplitNames,
 };
 use crate::config::{KafkaConfigError, KafkaSourceConfig, StartPosition};
 
@@ -141,6 +142,7 @@ impl KafkaSourceFactory {
             progress: Mutex::default(),
             committer: Arc::default(),
             end: None,
+            names: Arc::default(),
         })
     }
 }
@@ -191,6 +193,8 @@ struct KafkaSource {
     committer: Arc<GroupCommitter>,
     /// With `stop_at_end`: the high watermark of every owned partition at start.
     end: Option<BTreeMap<i32, i64>>,
+    /// The split names records carry (locked once per poll).
+    names: Arc<Mutex<SplitNames>>,
 }
 
 impl KafkaSource {
@@ -354,8 +358,8 @@ impl Source for KafkaSource {
             return Ok(Poll::Finished);
         }
         self.discover(&consumer).await?;
-        let settings = self.settings.clone();
-        let fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, max_records.max(1)))
+        let (settings, names) = (self.settings.clone(), self.names.clone());
+        let fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, &names, max_records.max(1)))
             .await
             .map_err(|e| ConnectorError::fatal(self.settings.context(), format!("poll panicked: {e}")))??;
         let mut records = Vec::with_capacity(fetched.len());
@@ -847,8 +851,14 @@ fn partition_list_with(topic: &str, partitions: &[i32], offset: Offset) -> Topic
 /// Up to `max` records: waits up to [`POLL_WAIT`] for the first, then takes
 /// what is already there. Non-fatal errors were logged and counted by the
 /// context; librdkafka retries them itself.
-fn fetch(consumer: &KafkaConsumer, settings: &Settings, max: usize) -> Result<Vec<(i32, Record)>, ConnectorError> {
+fn fetch(
+    consumer: &KafkaConsumer,
+    settings: &Settings,
+    names: &Mutex<SplitNames>,
+    max: usize,
+) -> Result<Vec<(i32, Record)>, ConnectorError> {
     let deadline = Instant::now() + POLL_WAIT;
+    let mut names = names.lock().unwrap_or_else(|e| e.into_inner());
     let mut out = Vec::new();
     while out.len() < max {
         let wait = if out.is_empty() {
@@ -857,7 +867,7 @@ fn fetch(consumer: &KafkaConsumer, settings: &Settings, max: usize) -> Result<Ve
             Duration::ZERO
         };
         match consumer.poll(wait) {
-            Some(Ok(message)) => out.push((message.partition(), to_record(&message))),
+            Some(Ok(message)) => out.push((message.partition(), to_record(&message, &mut names))),
             Some(Err(error)) if is_fatal(&error) => {
                 let detail = consumer
                     .client()

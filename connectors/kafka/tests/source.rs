@@ -434,7 +434,7 @@ async fn a_partition_missing_from_the_metadata_keeps_its_checkpointed_offset_unt
     assert_eq!(delivered.first(), Some(&(2, 0)), "partition 2 starts at offset 0");
     let back = read(&mut restored, 7).await;
     assert_eq!(
-        back.iter().map(|r| (r.split.clone(), r.offset)).collect::<Vec<_>>(),
+        back.iter().map(|r| (r.split.to_string(), r.offset)).collect::<Vec<_>>(),
         (3..10).map(|o| (missing.clone(), o)).collect::<Vec<_>>(),
         "partition 2 resumes at its checkpointed offset 3, not at its beginning"
     );

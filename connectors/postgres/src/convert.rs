@@ -20,8 +20,10 @@ const PG_MIN_TIMESTAMP: i64 = -211_813_488_000_000_000;
 const PG_END_TIMESTAMP: i64 = 9_223_371_331_200_000_000;
 
 /// One value of a row, encoded in PostgreSQL's binary format by [`ToSql`].
+/// Text and bytes borrow from the record they came from where they can (a
+/// key or value sent as is), so converting copies nothing.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Cell {
+pub(crate) enum Cell<'a> {
     Null,
     SmallInt(i16),
     Int(i32),
@@ -30,17 +32,38 @@ pub(crate) enum Cell {
     Double(f64),
     /// Already in binary `numeric` format.
     Numeric(Vec<u8>),
-    Text(String),
+    Text(Cow<'a, str>),
     /// JSON text sent as is (`json`, or `jsonb` with its version byte).
-    JsonText(String),
+    JsonText(Cow<'a, str>),
     Bool(bool),
-    Bytes(Vec<u8>),
+    Bytes(Cow<'a, [u8]>),
     Json(Value),
     /// Microseconds since 2000-01-01 UTC.
     Timestamptz(i64),
 }
 
-impl ToSql for Cell {
+impl Cell<'_> {
+    /// The same cell, owning its text and bytes.
+    pub(crate) fn into_owned(self) -> Cell<'static> {
+        match self {
+            Cell::Text(v) => Cell::Text(Cow::Owned(v.into_owned())),
+            Cell::JsonText(v) => Cell::JsonText(Cow::Owned(v.into_owned())),
+            Cell::Bytes(v) => Cell::Bytes(Cow::Owned(v.into_owned())),
+            Cell::Null => Cell::Null,
+            Cell::SmallInt(v) => Cell::SmallInt(v),
+            Cell::Int(v) => Cell::Int(v),
+            Cell::BigInt(v) => Cell::BigInt(v),
+            Cell::Real(v) => Cell::Real(v),
+            Cell::Double(v) => Cell::Double(v),
+            Cell::Numeric(v) => Cell::Numeric(v),
+            Cell::Bool(v) => Cell::Bool(v),
+            Cell::Json(v) => Cell::Json(v),
+            Cell::Timestamptz(v) => Cell::Timestamptz(v),
+        }
+    }
+}
+
+impl ToSql for Cell<'_> {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
         match self {
             Cell::Null => Ok(IsNull::Yes),
@@ -49,9 +72,9 @@ impl ToSql for Cell {
             Cell::BigInt(v) => v.to_sql(ty, out),
             Cell::Real(v) => v.to_sql(ty, out),
             Cell::Double(v) => v.to_sql(ty, out),
-            Cell::Text(v) => v.to_sql(ty, out),
+            Cell::Text(v) => v.as_ref().to_sql(ty, out),
             Cell::Bool(v) => v.to_sql(ty, out),
-            Cell::Bytes(v) => v.as_slice().to_sql(ty, out),
+            Cell::Bytes(v) => v.as_ref().to_sql(ty, out),
             Cell::Json(v) => Json(v).to_sql(ty, out),
             Cell::JsonText(text) => {
                 if *ty == Type::JSONB {
@@ -124,38 +147,51 @@ enum Input<'a> {
     Millis(i64),
 }
 
-/// Converts a record into one cell per column, or explains every column
-/// that does not fit.
-pub(crate) fn to_row(record: &Record, columns: &[ColumnSpec]) -> Result<Vec<Cell>, String> {
-    // Every pointer is answered in one pass over the value.
-    let pointers: Vec<&JsonPointer> = columns
+/// The JSON pointers of `columns`, in column order: what [`to_row`] needs
+/// per record, built once per batch.
+pub(crate) fn pointers_of(columns: &[ColumnSpec]) -> Vec<&JsonPointer> {
+    columns
         .iter()
         .filter_map(|c| match &c.from {
             FieldSource::Pointer(p) => Some(p),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+/// Converts a record into one cell per column, or explains every column
+/// that does not fit. `pointers`: [`pointers_of`] the columns.
+pub(crate) fn to_row<'a>(
+    record: &'a Record,
+    columns: &[ColumnSpec],
+    pointers: &[&JsonPointer],
+) -> Result<Vec<Cell<'a>>, String> {
+    // Every pointer is answered in one pass over the value.
     let pointed = if pointers.is_empty() {
         Vec::new()
     } else {
-        JsonPointer::find_all(&pointers, &record.value)
+        JsonPointer::find_all(pointers, &record.value)
             .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?
     };
     let mut pointed = pointed.iter();
     let mut cells = Vec::with_capacity(columns.len());
     let mut problems = Vec::new();
     for column in columns {
-        let input = match column.from {
-            FieldSource::Pointer(_) => match pointed.next().expect("one answer per pointer column") {
-                None => Input::Missing,
-                Some(Value::Null) => Input::Null,
-                Some(v) => Input::Json(v),
-            },
-            ref from => extract(record, from),
-        };
         // The pointer pass read the whole value as JSON already.
         let known_json = !pointers.is_empty() && column.from == FieldSource::Value;
-        match convert(input, column, known_json) {
+        let cell = match column.from {
+            // What a pointer found lives only as long as this call: owned.
+            FieldSource::Pointer(_) => {
+                let input = match pointed.next().expect("one answer per pointer column") {
+                    None => Input::Missing,
+                    Some(Value::Null) => Input::Null,
+                    Some(v) => Input::Json(v),
+                };
+                convert(input, column, known_json).map(Cell::into_owned)
+            }
+            ref from => convert(extract(record, from), column, known_json),
+        };
+        match cell {
             Ok(cell) => cells.push(cell),
             Err(problem) => problems.push(format!(
                 "column \"{}\" (from {}, {}): {problem}",
@@ -189,7 +225,7 @@ fn extract<'a>(record: &'a Record, from: &FieldSource) -> Input<'a> {
 }
 
 /// `known_json`: the input is bytes already read as valid JSON.
-fn convert(input: Input<'_>, column: &ColumnSpec, known_json: bool) -> Result<Cell, String> {
+fn convert<'a>(input: Input<'a>, column: &ColumnSpec, known_json: bool) -> Result<Cell<'a>, String> {
     let cell = match input {
         Input::Missing | Input::Null if column.required => {
             return Err(match input {
@@ -206,7 +242,7 @@ fn convert(input: Input<'_>, column: &ColumnSpec, known_json: bool) -> Result<Ce
     Ok(cell)
 }
 
-fn typed(input: Input<'_>, column: &ColumnSpec, known_json: bool) -> Result<Cell, String> {
+fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: bool) -> Result<Cell<'a>, String> {
     Ok(match column.ty {
         ColumnType::SmallInt => Cell::SmallInt(in_range(integer(&input)?, "smallint")?),
         ColumnType::Int => Cell::Int(in_range(integer(&input)?, "int")?),
@@ -238,7 +274,7 @@ fn typed(input: Input<'_>, column: &ColumnSpec, known_json: bool) -> Result<Cell
                     return Err(format!("{chars} characters do not fit the column's limit of {max}"));
                 }
             }
-            Cell::Text(text.into_owned())
+            Cell::Text(text)
         }
         ColumnType::Boolean => Cell::Bool(boolean(&input)?),
         ColumnType::Bytea => Cell::Bytes(bytes(&input)),
@@ -247,7 +283,7 @@ fn typed(input: Input<'_>, column: &ColumnSpec, known_json: bool) -> Result<Cell
             if let Input::Raw(raw) = input {
                 // Valid JSON bytes keep their text (key order, spacing),
                 // checked without building the document.
-                return Ok(Cell::JsonText(json_text(raw, jsonb, known_json)?.to_string()));
+                return Ok(Cell::JsonText(Cow::Borrowed(json_text(raw, jsonb, known_json)?)));
             }
             let value = json(&input)?;
             if jsonb && contains_nul(&value) {
@@ -392,15 +428,15 @@ fn text<'a>(input: &Input<'a>) -> Result<Cow<'a, str>, String> {
     }))
 }
 
-fn bytes(input: &Input<'_>) -> Vec<u8> {
+fn bytes<'a>(input: &Input<'a>) -> Cow<'a, [u8]> {
     match input {
-        Input::Raw(raw) => raw.to_vec(),
-        Input::Text(s) => s.as_bytes().to_vec(),
-        Input::Json(Value::String(s)) => s.as_bytes().to_vec(),
-        Input::Json(v) => v.to_string().into_bytes(),
-        Input::Int(v) | Input::Millis(v) => v.to_string().into_bytes(),
-        Input::Headers(h) => headers_json(h).to_string().into_bytes(),
-        Input::Missing | Input::Null => Vec::new(),
+        Input::Raw(raw) => Cow::Borrowed(raw),
+        Input::Text(s) => Cow::Borrowed(s.as_bytes()),
+        Input::Json(Value::String(s)) => Cow::Borrowed(s.as_bytes()),
+        Input::Json(v) => Cow::Owned(v.to_string().into_bytes()),
+        Input::Int(v) | Input::Millis(v) => Cow::Owned(v.to_string().into_bytes()),
+        Input::Headers(h) => Cow::Owned(headers_json(h).to_string().into_bytes()),
+        Input::Missing | Input::Null => Cow::Borrowed(&[]),
     }
 }
 
@@ -490,10 +526,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn one(value: &str, from: &str, ty: ColumnType, required: bool) -> Result<Cell, String> {
+    /// [`to_row`] with the pointers of `columns`, the cells owned.
+    fn row(record: &Record, columns: &[ColumnSpec]) -> Result<Vec<Cell<'static>>, String> {
+        let cells = to_row(record, columns, &pointers_of(columns))?;
+        Ok(cells.into_iter().map(Cell::into_owned).collect())
+    }
+
+    fn one(value: &str, from: &str, ty: ColumnType, required: bool) -> Result<Cell<'static>, String> {
         let record = Record::new("orders-3", 17, value.as_bytes().to_vec());
         let column = ColumnSpec::plain("c", from, ty, required);
-        to_row(&record, std::slice::from_ref(&column)).map(|mut cells| cells.remove(0))
+        row(&record, std::slice::from_ref(&column)).map(|mut cells| cells.remove(0))
     }
 
     #[test]
@@ -533,13 +575,37 @@ mod tests {
         let mut column = ColumnSpec::plain("c", "/a", ColumnType::Int, false);
         column.not_null = true;
         let record = Record::new("s", 0, br#"{}"#.to_vec());
-        assert!(to_row(&record, &[column]).unwrap_err().contains("NOT NULL"));
+        assert!(row(&record, &[column]).unwrap_err().contains("NOT NULL"));
         // No key / no timestamp / a split that is not <topic>-<partition>.
         assert!(one("x", "key", ColumnType::Bytea, true).is_err());
         assert_eq!(one("x", "timestamp", ColumnType::Timestamptz, false), Ok(Cell::Null));
         let record = Record::new("file.txt", 0, b"x".to_vec());
         let column = ColumnSpec::plain("c", "partition", ColumnType::Int, false);
-        assert_eq!(to_row(&record, &[column]), Ok(vec![Cell::Null]));
+        assert_eq!(row(&record, &[column]), Ok(vec![Cell::Null]));
+    }
+
+    #[test]
+    fn keys_and_values_are_borrowed_from_the_record() {
+        let record = Record::new("orders-3", 17, br#"{"id":5}"#.to_vec()).with_key(b"k-5".to_vec());
+        let columns = [
+            ColumnSpec::plain("k", "key", ColumnType::Text, true),
+            ColumnSpec::plain("v", "value", ColumnType::Jsonb, true),
+            ColumnSpec::plain("b", "key", ColumnType::Bytea, true),
+            ColumnSpec::plain("id", "/id", ColumnType::BigInt, true),
+        ];
+        let cells = to_row(&record, &columns, &pointers_of(&columns)).unwrap();
+        assert!(matches!(&cells[0], Cell::Text(Cow::Borrowed("k-5"))), "{:?}", cells[0]);
+        assert!(
+            matches!(&cells[1], Cell::JsonText(Cow::Borrowed(r#"{"id":5}"#))),
+            "{:?}",
+            cells[1]
+        );
+        assert!(
+            matches!(&cells[2], Cell::Bytes(Cow::Borrowed(b"k-5"))),
+            "{:?}",
+            cells[2]
+        );
+        assert_eq!(cells[3], Cell::BigInt(5));
     }
 
     #[test]
@@ -575,7 +641,7 @@ mod tests {
         );
         assert_eq!(
             one(r#"{"a":"hi"}"#, "/a", ColumnType::Bytea, true),
-            Ok(Cell::Bytes(b"hi".to_vec()))
+            Ok(Cell::Bytes(b"hi".to_vec().into()))
         );
         assert_eq!(
             one(r#"{"a":{"b":1}}"#, "/a", ColumnType::Jsonb, true),
@@ -600,14 +666,14 @@ mod tests {
         column.max_chars = Some(3);
         let record = Record::new("s", 0, br#"{"a":"ab\u00e9"}"#.to_vec());
         assert!(
-            to_row(&record, std::slice::from_ref(&column)).is_ok(),
+            row(&record, std::slice::from_ref(&column)).is_ok(),
             "counts characters, not bytes"
         );
         let record = Record::new("s", 0, br#"{"a":"abcd"}"#.to_vec());
-        assert!(to_row(&record, &[column]).unwrap_err().contains("limit of 3"));
+        assert!(row(&record, &[column]).unwrap_err().contains("limit of 3"));
         let record = Record::new("s", 0, vec![0xff, 0xfe]);
         let column = ColumnSpec::plain("c", "value", ColumnType::Text, true);
-        assert!(to_row(&record, &[column]).unwrap_err().contains("UTF-8"));
+        assert!(row(&record, &[column]).unwrap_err().contains("UTF-8"));
     }
 
     #[test]
@@ -628,7 +694,7 @@ mod tests {
         let mut column = ColumnSpec::plain("c", "/a", ColumnType::Numeric, true);
         column.numeric = Some(NumericTypmod { precision: 4, scale: 2 });
         let record = Record::new("s", 0, br#"{"a":123.4}"#.to_vec());
-        assert!(to_row(&record, &[column]).unwrap_err().contains("numeric(4, 2)"));
+        assert!(row(&record, &[column]).unwrap_err().contains("numeric(4, 2)"));
     }
 
     #[test]
@@ -643,7 +709,7 @@ mod tests {
             ColumnSpec::plain("e", "timestamp", ColumnType::BigInt, true),
         ];
         assert_eq!(
-            to_row(&record, &columns),
+            row(&record, &columns),
             Ok(vec![
                 Cell::Timestamptz(1_500_000),
                 Cell::Timestamptz(250_000),
@@ -670,7 +736,7 @@ mod tests {
         ];
         let column = ColumnSpec::plain("h", "headers", ColumnType::Jsonb, true);
         assert_eq!(
-            to_row(&record, &[column]),
+            row(&record, &[column]),
             Ok(vec![Cell::Json(
                 json!({"trace": "abc", "bin": "\\x00ff", "tag": ["a", "b", "c"]})
             )])
@@ -684,7 +750,7 @@ mod tests {
             ColumnSpec::plain("a", "/a", ColumnType::Int, true),
             ColumnSpec::plain("b", "/b", ColumnType::Boolean, true),
         ];
-        let err = to_row(&record, &columns).unwrap_err();
+        let err = row(&record, &columns).unwrap_err();
         assert!(err.contains("column \"a\"") && err.contains("column \"b\""), "{err}");
     }
 

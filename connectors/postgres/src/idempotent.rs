@@ -90,7 +90,7 @@ impl Session {
 
     /// Writes converted rows: upserted with the prepared statement when there
     /// is an upsert key, else appended with binary COPY.
-    async fn write_rows(&self, rows: Vec<Vec<Cell>>) -> Result<(), ConnectorError> {
+    async fn write_rows(&self, rows: Vec<Vec<Cell<'_>>>) -> Result<(), ConnectorError> {
         let (client, layout) = (self.client()?, self.layout()?);
         let written = match &self.upsert {
             Some(statement) => execute_columns(client, statement, rows).await,
@@ -108,7 +108,7 @@ impl Session {
         }
         let (client, layout) = (self.client()?, self.layout()?);
         // The adapters do not pass the checkpoint id: 0 (see DEAD_LETTER_COLUMNS).
-        let rows: Vec<Vec<Cell>> = bad.iter().map(|b| self.subtask.dead_letter_row(b, 0)).collect();
+        let rows: Vec<Vec<Cell<'_>>> = bad.iter().map(|b| self.subtask.dead_letter_row(b, 0)).collect();
         let written = if once {
             execute_columns(client, layout.insert_dead_letters_once.as_str(), rows).await
         } else {
@@ -127,7 +127,7 @@ impl Session {
             dead_letters: bad
                 .iter()
                 .map(|b| DeadLetter {
-                    split: b.record.split.clone(),
+                    split: b.record.split.to_string(),
                     offset: b.record.offset,
                     reason: format!("{} (stored in {table})", b.error),
                 })
@@ -377,11 +377,17 @@ impl FencedSink for PostgresFencedSink {
         }
         let mut fresh = Vec::with_capacity(batch.len());
         for record in batch {
-            let position = self.advanced.get(&record.split).or(self.stored.get(&record.split));
+            let split = record.split.as_str();
+            let position = self.advanced.get(split).or(self.stored.get(split));
             if position.is_some_and(|p| record.offset <= *p) {
                 continue;
             }
-            self.advanced.insert(record.split.clone(), record.offset);
+            match self.advanced.get_mut(split) {
+                Some(advanced) => *advanced = record.offset,
+                None => {
+                    self.advanced.insert(split.to_string(), record.offset);
+                }
+            }
             fresh.push(record);
         }
         let skipped = batch.len() - fresh.len();

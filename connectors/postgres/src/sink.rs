@@ -313,7 +313,7 @@ impl PostgresSink {
 
     /// COPYs rows in binary format through the write connection, in one
     /// COPY that ends before this returns.
-    async fn copy(&self, sql: &str, types: &[Type], rows: &[Vec<Cell>], what: &str) -> Result<u64, ConnectorError> {
+    async fn copy(&self, sql: &str, types: &[Type], rows: &[Vec<Cell<'_>>], what: &str) -> Result<u64, ConnectorError> {
         let result = copy_in(self.writer()?, sql, types, rows).await;
         result.map_err(|e| self.pg_error(what, &e))
     }
@@ -321,7 +321,7 @@ impl PostgresSink {
     /// Streams rows into the transaction's open COPY of rows, starting it
     /// if needed. Returns once the rows are handed to the connection; an
     /// error PostgreSQL finds in them surfaces when the COPY is finished.
-    async fn stream_rows(&mut self, layout: &Layout, rows: &[Vec<Cell>]) -> Result<(), ConnectorError> {
+    async fn stream_rows(&mut self, layout: &Layout, rows: &[Vec<Cell<'_>>]) -> Result<(), ConnectorError> {
         if self.copy.is_none() {
             let sink = self.writer()?.copy_in(layout.copy_rows.as_str()).await;
             let sink = sink.map_err(|e| self.pg_error("COPY of rows", &e))?;
@@ -550,7 +550,7 @@ impl TwoPhaseCommitSink for PostgresSink {
         let (mut rows, dead) = convert(batch, &layout.columns);
         if layout.merge.is_some() {
             for cells in &mut rows {
-                cells.splice(0..0, [Cell::Text(txn.gid.clone()), Cell::BigInt(txn.next_seq)]);
+                cells.splice(0..0, [Cell::Text(txn.gid.as_str().into()), Cell::BigInt(txn.next_seq)]);
                 txn.next_seq += 1;
             }
         }
@@ -569,7 +569,7 @@ impl TwoPhaseCommitSink for PostgresSink {
         if !dead.is_empty() {
             self.finish_copy(txn.checkpoint).await?;
             let checkpoint = checkpoint_i64(txn.checkpoint);
-            let dead_rows: Vec<Vec<Cell>> = dead
+            let dead_rows: Vec<Vec<Cell<'_>>> = dead
                 .iter()
                 .map(|d| self.subtask.dead_letter_row(d, checkpoint))
                 .collect();

@@ -10,7 +10,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, ToStatement};
 
 use crate::config::Settings;
-use crate::convert::{to_row, Cell, ColumnSpec};
+use crate::convert::{pointers_of, to_row, Cell, ColumnSpec};
 use crate::error::classify;
 use crate::lock;
 
@@ -35,15 +35,17 @@ pub(crate) struct BadRecord<'a> {
     pub error: String,
 }
 
-/// Converts every record: rows for the good ones, the reason for the others.
+/// Converts every record: rows for the good ones (borrowing from the
+/// records), the reason for the others.
 pub(crate) fn convert<'a>(
     records: impl IntoIterator<Item = &'a Record>,
     columns: &[ColumnSpec],
-) -> (Vec<Vec<Cell>>, Vec<BadRecord<'a>>) {
+) -> (Vec<Vec<Cell<'a>>>, Vec<BadRecord<'a>>) {
+    let pointers = pointers_of(columns);
     let mut rows = Vec::new();
     let mut bad = Vec::new();
     for record in records {
-        match to_row(record, columns) {
+        match to_row(record, columns, &pointers) {
             Ok(cells) => rows.push(cells),
             Err(error) => bad.push(BadRecord { record, error }),
         }
@@ -56,7 +58,7 @@ pub(crate) async fn copy_in(
     client: &Client,
     sql: &str,
     types: &[Type],
-    rows: &[Vec<Cell>],
+    rows: &[Vec<Cell<'_>>],
 ) -> Result<u64, tokio_postgres::Error> {
     let sink = client.copy_in(sql).await?;
     let writer = BinaryCopyInWriter::new(sink, types);
@@ -68,11 +70,10 @@ pub(crate) async fn copy_in(
 /// Writes rows into a COPY in progress.
 pub(crate) async fn write_copy_rows(
     mut writer: std::pin::Pin<&mut BinaryCopyInWriter>,
-    rows: &[Vec<Cell>],
+    rows: &[Vec<Cell<'_>>],
 ) -> Result<(), tokio_postgres::Error> {
     for row in rows {
-        let values: Vec<&(dyn ToSql + Sync)> = row.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-        writer.as_mut().write(&values).await?;
+        writer.as_mut().write_raw(row.iter()).await?;
     }
     Ok(())
 }
@@ -82,10 +83,10 @@ pub(crate) async fn write_copy_rows(
 pub(crate) async fn execute_columns<T: ?Sized + ToStatement>(
     client: &Client,
     statement: &T,
-    rows: Vec<Vec<Cell>>,
+    rows: Vec<Vec<Cell<'_>>>,
 ) -> Result<u64, tokio_postgres::Error> {
     let width = rows.first().map_or(0, Vec::len);
-    let mut columns: Vec<Vec<Cell>> = (0..width).map(|_| Vec::with_capacity(rows.len())).collect();
+    let mut columns: Vec<Vec<Cell<'_>>> = (0..width).map(|_| Vec::with_capacity(rows.len())).collect();
     for row in rows {
         for (column, cell) in columns.iter_mut().zip(row) {
             column.push(cell);
@@ -140,22 +141,22 @@ impl Subtask {
     }
 
     /// The dead-letter row of `bad` (columns of `DEAD_LETTER_COLUMNS`).
-    pub fn dead_letter_row(&self, bad: &BadRecord<'_>, checkpoint: i64) -> Vec<Cell> {
+    pub fn dead_letter_row<'a>(&self, bad: &BadRecord<'a>, checkpoint: i64) -> Vec<Cell<'a>> {
         let record = bad.record;
         let (topic, partition) = match record.topic_partition() {
-            Some((topic, partition)) => (Cell::Text(topic.to_string()), Cell::Int(partition)),
+            Some((topic, partition)) => (Cell::Text(topic.into()), Cell::Int(partition)),
             None => (Cell::Null, Cell::Null),
         };
         vec![
-            Cell::Text(self.context.pipeline.clone()),
-            Cell::Text(self.settings.table_label.clone()),
-            Cell::Text(record.split.clone()),
+            Cell::Text(self.context.pipeline.clone().into()),
+            Cell::Text(self.settings.table_label.clone().into()),
+            Cell::Text(record.split.as_str().into()),
             topic,
             partition,
             Cell::BigInt(record.offset),
-            record.key.clone().map_or(Cell::Null, Cell::Bytes),
-            Cell::Bytes(record.value.clone()),
-            Cell::Text(bad.error.replace('\0', "\\0")),
+            record.key.as_deref().map_or(Cell::Null, |k| Cell::Bytes(k.into())),
+            Cell::Bytes(record.value.as_slice().into()),
+            Cell::Text(bad.error.replace('\0', "\\0").into()),
             Cell::BigInt(checkpoint),
         ]
     }

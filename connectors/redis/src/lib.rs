@@ -151,7 +151,7 @@ impl Extract {
         match self {
             Extract::Key => record.key.clone().ok_or_else(|| "the record has no key".to_string()),
             Extract::Value => Ok(record.value.clone()),
-            Extract::Split => Ok(record.split.clone().into_bytes()),
+            Extract::Split => Ok(record.split.as_bytes().to_vec()),
             Extract::Offset => Ok(record.offset.to_string().into_bytes()),
             Extract::Literal(l) => Ok(l.clone().into_bytes()),
             Extract::Pointer(p) => match answer.flatten() {
@@ -557,7 +557,7 @@ impl IdempotentSink for RedisSink {
                         .arg(dead_letter_json(r, &reason))
                         .ignore();
                     outcome.dead_letters.push(DeadLetter {
-                        split: r.split.clone(),
+                        split: r.split.to_string(),
                         offset: r.offset,
                         reason,
                     });
@@ -584,7 +584,7 @@ impl FencedSink for RedisSink {
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(batch.len() * 6);
         let mut dead_letters = Vec::new();
         for r in batch {
-            args.push(r.split.clone().into_bytes());
+            args.push(r.split.as_bytes().to_vec());
             args.push(r.offset.to_string().into_bytes());
             match self.plan.op(r) {
                 Ok(op) => {
@@ -599,7 +599,7 @@ impl FencedSink for RedisSink {
                     args.push(Vec::new());
                     args.push(dead_letter_json(r, &reason).into_bytes());
                     dead_letters.push(DeadLetter {
-                        split: r.split.clone(),
+                        split: r.split.to_string(),
                         offset: r.offset,
                         reason,
                     });

@@ -549,7 +549,7 @@ mod tests {
                         out.applied += 1;
                     }
                     None => out.dead_letters.push(DeadLetter {
-                        split: r.split.clone(),
+                        split: r.split.to_string(),
                         offset: r.offset,
                         reason: "no key".into(),
                     }),
@@ -566,7 +566,7 @@ mod tests {
             let mut fences = self.fences.lock().unwrap();
             let mut counter = self.counter.lock().unwrap();
             for r in batch {
-                let fence = fences.entry((scope.to_string(), r.split.clone())).or_insert(-1);
+                let fence = fences.entry((scope.to_string(), r.split.to_string())).or_insert(-1);
                 if r.offset > *fence {
                     *counter += 1;
                     *fence = r.offset;

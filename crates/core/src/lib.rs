@@ -22,6 +22,7 @@ pub mod restart;
 pub mod retention;
 pub mod sink;
 pub mod source;
+pub mod split_name;
 pub mod store;
 
 pub use coordinator::{
@@ -44,6 +45,7 @@ pub use sink::{
     TwoPhaseCommitSink,
 };
 pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};
+pub use split_name::SplitName;
 pub use store::{
     check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore,
     PipelineDescriptor,

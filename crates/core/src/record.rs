@@ -6,6 +6,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::split_name::SplitName;
+
 /// Identifier of a checkpoint. Ids never repeat within a region, even across
 /// crashes: after a recovery from checkpoint `N` the next checkpoint is above
 /// `N` and above every id an earlier run reserved (the store reserves ids
@@ -33,8 +35,9 @@ impl fmt::Display for CheckpointId {
 /// same pair, which is what idempotent sinks and position fences key on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
-    /// The source split the record was read from (e.g. `orders-3`).
-    pub split: String,
+    /// The source split the record was read from (e.g. `orders-3`), shared
+    /// by the records of the split.
+    pub split: SplitName,
     /// Position of the record inside its split. The next record to read after this
     /// one is at `offset + 1`.
     pub offset: i64,
@@ -50,7 +53,7 @@ pub struct Record {
 
 impl Record {
     /// A record with only split, offset and value set.
-    pub fn new(split: impl Into<String>, offset: i64, value: impl Into<Vec<u8>>) -> Self {
+    pub fn new(split: impl Into<SplitName>, offset: i64, value: impl Into<Vec<u8>>) -> Self {
         Record {
             split: split.into(),
             offset,
