@@ -19,7 +19,6 @@ pub mod status;
 
 use std::time::Duration;
 
-use exactly_core::CheckpointStore;
 use tokio::task::JoinHandle;
 
 use crate::config::{Built, PipelineFile, SourceSection};
@@ -53,24 +52,22 @@ pub fn spawn_lag_monitor(file: &PipelineFile, observed: &Observed, interval: Dur
         return None;
     };
     let probe = lag::KafkaLagProbe::new(kafka);
-    let sequences = status::sequences(file);
     let file = file.clone();
     let reading = observed.lag.clone();
     Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
-        let mut sequences = sequences;
         loop {
             tick.tick().await;
             let probe = probe.clone();
-            // Regions appear once the runtime laid the folder out.
-            if sequences.iter().all(|s| s.store.list().map_or(true, |l| l.is_empty())) {
-                sequences = status::sequences(&file);
-            }
-            let seqs = sequences.clone();
+            let file = file.clone();
             let result = tokio::task::spawn_blocking(move || {
-                let positions = status::latest_positions(&seqs);
+                // The checkpoint sequences are listed again at every tick:
+                // the regions' folders appear one by one as the runtime
+                // starts them, and a list taken while only some existed
+                // would leave the others' partitions unread for good.
+                let positions = status::latest_positions(&status::sequences(&file));
                 probe.lag(positions.as_ref())
             })
             .await;
