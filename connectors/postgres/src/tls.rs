@@ -27,12 +27,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use exactly_core::ConnectorError;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use exactly_tls::PartialVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::ParsedCertificate;
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{CertificateError, ClientConfig, RootCertStore};
 use tokio_postgres::config::{Host, SslMode as DriverSslMode};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Connection, Socket};
@@ -327,9 +325,12 @@ fn client_config(tls: &TlsSettings) -> Result<ClientConfig, ConnectorError> {
     let roots = Arc::new(roots);
     let builder = match check {
         Check::Full => builder.with_root_certificates(roots),
-        check => builder
+        Check::CaOnly => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PartialCheck { roots, provider, check })),
+            .with_custom_certificate_verifier(Arc::new(PartialVerifier::trusted_chain(roots, provider))),
+        Check::None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PartialVerifier::no_certificate_check(provider))),
     };
     match (&tls.cert, &tls.key) {
         (Some(cert), Some(key)) => {
@@ -564,60 +565,6 @@ enum Check {
     Full,
     CaOnly,
     None,
-}
-
-/// `verify-ca` (a trusted CA, any name) and no check (`prefer`,
-/// `require`): the handshake's signatures are verified either way.
-#[derive(Debug)]
-struct PartialCheck {
-    roots: Arc<RootCertStore>,
-    provider: Arc<CryptoProvider>,
-    check: Check,
-}
-
-impl ServerCertVerifier for PartialCheck {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if self.check == Check::CaOnly {
-            let certificate = ParsedCertificate::try_from(end_entity)?;
-            rustls::client::verify_server_cert_signed_by_trust_anchor(
-                &certificate,
-                &self.roots,
-                intermediates,
-                now,
-                self.provider.signature_verification_algorithms.all,
-            )?;
-        }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]

@@ -8,12 +8,10 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use exactly_tls::PartialVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::ParsedCertificate;
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{CertificateError, ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -32,9 +30,12 @@ pub(crate) fn client_config(settings: &TlsSettings) -> Result<Arc<ClientConfig>,
         .map_err(|e| invalid("security.protocol", format!("no TLS version available: {e}")))?;
     let builder = match settings.check {
         CertificateCheck::Full => builder.with_root_certificates(roots),
-        check => builder
+        CertificateCheck::CaOnly => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PartialCheck { roots, provider, check })),
+            .with_custom_certificate_verifier(Arc::new(PartialVerifier::trusted_chain(roots, provider))),
+        CertificateCheck::None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PartialVerifier::no_certificate_check(provider))),
     };
     let config = match (&settings.certificate_location, &settings.key_location) {
         (Some(certificate), Some(key)) => {
@@ -191,61 +192,6 @@ pub(crate) fn handshake_error(addr: &str, error: &io::Error) -> WireError {
             format!("the handshake failed: {error}"),
             "check that the broker is reachable and its listener speaks TLS",
         ),
-    }
-}
-
-/// The certificate checks short of the full one: a trusted CA only, or
-/// nothing. The handshake's signatures are verified either way (the peer
-/// must hold the key of the certificate it shows).
-#[derive(Debug)]
-struct PartialCheck {
-    roots: Arc<RootCertStore>,
-    provider: Arc<CryptoProvider>,
-    check: CertificateCheck,
-}
-
-impl ServerCertVerifier for PartialCheck {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if self.check == CertificateCheck::CaOnly {
-            let certificate = ParsedCertificate::try_from(end_entity)?;
-            rustls::client::verify_server_cert_signed_by_trust_anchor(
-                &certificate,
-                &self.roots,
-                intermediates,
-                now,
-                self.provider.signature_verification_algorithms.all,
-            )?;
-        }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 
