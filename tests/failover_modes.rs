@@ -63,7 +63,7 @@ fn micros(line: &str) -> Option<u64> {
 /// Checkpoints each region completed while region 0 was down: between the
 /// injected failure and region 0's restore from its checkpoint.
 fn completed_while_region_0_was_down(log: &str) -> (usize, usize) {
-    let plain: Vec<String> = log.lines().map(strip_colours).collect();
+    let plain: Vec<String> = log.lines().map(strip_ansi).collect();
     let failed = plain
         .iter()
         .find(|l| l.contains("failure point reached"))
@@ -84,23 +84,6 @@ fn completed_while_region_0_was_down(log: &str) -> (usize, usize) {
             .count()
     };
     (during("region=0"), during("region=1"))
-}
-
-fn strip_colours(line: &str) -> String {
-    let mut out = String::new();
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[test]
@@ -128,7 +111,7 @@ fn a_failure_in_global_failover_restarts_everything() {
     let fault = [(exactly::core::fault::FAIL_AT_ENV, "sink.pre_commit@0:4")];
     let (status, log) = run_with_env(&config, None, &[], &fault);
     assert!(status.success(), "{log}");
-    let plain: Vec<String> = log.lines().map(strip_colours).collect();
+    let plain: Vec<String> = log.lines().map(strip_ansi).collect();
     let failed = plain
         .iter()
         .find(|l| l.contains("failure point reached"))

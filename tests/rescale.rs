@@ -23,6 +23,13 @@ const ORDERS: i64 = 12_000;
 /// Longest a run that should crash may take.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Runs the bounded pipeline `file` at its new parallelism to the end of
+/// the topic; it must succeed.
+fn finish_rescaled(file: &std::path::Path, what: &str) {
+    let (status, _, log) = wait(spawn_with(file, &["--allow-parallelism-change"], &[]), TIMEOUT);
+    assert!(status.success(), "{what} failed:\n{log}");
+}
+
 /// The pipeline file of `name` at `parallelism` (checkpoints every 50 ms),
 /// bounded or reading the growing topic.
 fn pipeline_at(
@@ -134,11 +141,7 @@ fn lowering_then_raising_the_parallelism_after_crashes_is_exactly_once() {
 
     // At 4, once every order is produced: to the end of the topic.
     feed.finish();
-    let (status, _, log) = wait(
-        spawn_with(&file(4, true), &["--allow-parallelism-change"], &[]),
-        TIMEOUT,
-    );
-    assert!(status.success(), "the run at 4 failed:\n{log}");
+    finish_rescaled(&file(4, true), "the run at 4");
     assert_orders_exactly_once(url, &table, &name, ORDERS, "after 3 → 2 → 4");
     let entry = newest_entries_text(&checkpoints, &name).expect("a checkpoint entry");
     assert!(
@@ -185,11 +188,7 @@ fn a_lowering_rolls_back_what_an_old_subtask_prepared_after_its_last_checkpoint(
         "old subtask 2 has a prepared transaction no checkpoint lists"
     );
     feed.finish();
-    let (status, _, log) = wait(
-        spawn_with(&file(2, true), &["--allow-parallelism-change"], &[]),
-        TIMEOUT,
-    );
-    assert!(status.success(), "the run at 2 failed:\n{log}");
+    finish_rescaled(&file(2, true), "the run at 2");
     // No prepared transaction is left (the unlisted one included), and the
     // records it held came once, from the replay.
     assert_orders_exactly_once(url, &table, &name, orders, "after 3 → 2");

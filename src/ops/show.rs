@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use exactly_core::{CheckpointEntry, FsCheckpointStore};
 
 use super::redact::redact;
-use super::status::{split_entry_path, summary};
+use super::status::{split_entry_path, summary, write_pending};
 
 /// Reads and verifies the entry at `path`; the error names the problem and
 /// the fix.
@@ -76,15 +76,6 @@ pub fn render_text(entry: &CheckpointEntry) -> String {
     }
     let listed: usize = s.pending.values().map(Vec::len).sum();
     let _ = writeln!(out, "  pending transactions (committed on recovery): {listed}");
-    for (subtask, list) in &s.pending {
-        for p in list {
-            let _ = writeln!(
-                out,
-                "    sink subtask {subtask}  checkpoint {}  {}",
-                p.checkpoint,
-                redact(&p.committable.to_string())
-            );
-        }
-    }
+    write_pending(&mut out, &s.pending);
     out
 }

@@ -392,16 +392,7 @@ pub fn render_text(r: &StatusReport) -> String {
                     let _ = writeln!(out, "  pending: nothing (every transaction it covers is committed)");
                 } else {
                     let _ = writeln!(out, "  pending (committed by the next recovery if not yet):");
-                    for (subtask, list) in &l.pending {
-                        for p in list {
-                            let _ = writeln!(
-                                out,
-                                "    sink subtask {subtask}  checkpoint {}  {}",
-                                p.checkpoint,
-                                redact(&p.committable.to_string())
-                            );
-                        }
-                    }
+                    write_pending(&mut out, &l.pending);
                 }
             }
         }
@@ -466,4 +457,20 @@ pub fn split_entry_path(path: &Path) -> Option<(PathBuf, String, String)> {
     let pipeline = folder.file_name()?.to_str()?.to_string();
     let root = folder.parent().unwrap_or(Path::new("")).to_path_buf();
     Some((root, pipeline, name))
+}
+
+/// One line per pending committable (secrets redacted), as `status` and
+/// `checkpoints show` print them.
+pub(super) fn write_pending(out: &mut String, pending: &BTreeMap<usize, Vec<PendingSummary>>) {
+    use std::fmt::Write as _;
+    for (subtask, list) in pending {
+        for p in list {
+            let _ = writeln!(
+                out,
+                "    sink subtask {subtask}  checkpoint {}  {}",
+                p.checkpoint,
+                redact(&p.committable.to_string())
+            );
+        }
+    }
 }

@@ -148,7 +148,7 @@ fn assert_killed_at(point: &str, status: ExitStatus, log: &str) {
 }
 
 /// `text` without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
+pub fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
