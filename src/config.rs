@@ -458,7 +458,8 @@ impl PipelineFile {
         }
     }
 
-    /// The checkpoint store of this pipeline.
+    /// The checkpoint store of this pipeline (its folder is named after the
+    /// pipeline, see [`FsCheckpointStore::for_pipeline`]).
     pub fn store(&self) -> FsCheckpointStore {
         FsCheckpointStore::new(&self.checkpoint.dir, &self.name, self.checkpoint.retain)
     }

@@ -214,7 +214,7 @@ fn a_corrupt_newest_entry_whose_transactions_were_committed_is_refused_unless_th
             &newest.file_name(),
             &format!("the newest readable one is checkpoint {}", before.checkpoint.id),
             &format!(
-                "sink subtask 0 committed the transaction of checkpoint {}",
+                "sink subtask 0 committed transactions up to checkpoint {} holding {duplicates} records",
                 newest.checkpoint.id
             ),
             "allow_fallback = true",
@@ -240,9 +240,11 @@ fn a_corrupt_newest_entry_whose_transactions_were_committed_is_refused_unless_th
             "falling back past unreadable checkpoint entries although later checkpoints may have been committed",
             &newest.file_name(),
             &format!(
-                "sink subtask 0 committed the transaction of checkpoint {}",
+                "sink subtask 0 committed transactions up to checkpoint {} holding {duplicates} records",
                 newest.checkpoint.id
             ),
+            // The count the log gives is the one the table shows below.
+            &format!("duplicates={duplicates} records"),
         ],
     );
     let (rows, distinct) = case.rows_of_region(0);

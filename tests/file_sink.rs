@@ -238,7 +238,7 @@ fn a_corrupt_newest_entry_falls_back_only_when_the_committed_files_allow_it() {
         assert!(!status.success(), "the fallback was accepted:\n{log}");
         for part in [
             entry.as_str(),
-            &format!("sink subtask 0 committed the transaction of checkpoint {id}"),
+            &format!("sink subtask 0 committed transactions up to checkpoint {id} holding"),
             "--allow-fallback",
         ] {
             assert!(log.contains(part), "`{part}` missing from:\n{log}");
@@ -260,5 +260,10 @@ fn a_corrupt_newest_entry_falls_back_only_when_the_committed_files_allow_it() {
             "the lines of checkpoint {id}'s file are written twice, nothing else"
         );
         assert!(duplicated > 0);
+        let counted = format!("duplicates={duplicated} records");
+        assert!(
+            strip_ansi(&log).contains(&counted),
+            "the log counts the duplicates (`{counted}`):\n{log}"
+        );
     }
 }

@@ -386,6 +386,10 @@ fn a_corrupt_newest_entry_is_refused_unless_the_fallback_is_accepted() {
         ),
         "{log}"
     );
+    assert!(
+        strip_ansi(&log).contains("duplicates=unknown (sink subtasks [0] cannot count theirs)"),
+        "the log says the Kafka sink cannot count the duplicates:\n{log}"
+    );
     assert_exactly_once(&setup.output(&output, name), name);
 }
 

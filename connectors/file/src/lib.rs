@@ -356,8 +356,10 @@ impl TwoPhaseCommitSink for FileSink {
     /// records it replays (`j % parallelism`, adopted ones included), holds
     /// a later checkpoint; `Unknown` when only a file named in the older
     /// form (no pipeline) does; `Safe` otherwise, also when the folder does
-    /// not exist (nothing was committed there). Reads only: the folder is
-    /// listed, nothing is locked or changed.
+    /// not exist (nothing was committed there). A `CommittedLater` counts
+    /// the lines of those later files: one per record (exact unless values
+    /// of format `lines` hold line breaks). Reads only: the folder is
+    /// listed and the later files read, nothing is locked or changed.
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         if !tokio::fs::try_exists(&self.dir).await.unwrap_or(true) {
             return Ok(ReplayCheck::Safe);
@@ -368,7 +370,23 @@ impl TwoPhaseCommitSink for FileSink {
             subtask: self.subtask,
             parallelism: self.parallelism,
         };
-        Ok(replayer.check(checkpoint, files.iter().map(String::as_str)))
+        let names = || files.iter().map(String::as_str);
+        let answer = replayer.check(checkpoint, names());
+        let ReplayCheck::CommittedLater { checkpoint: later, .. } = answer else {
+            return Ok(answer);
+        };
+        let mut records = 0;
+        for name in replayer.later_files(checkpoint, names()) {
+            let path = self.dir.join(name);
+            let text = tokio::fs::read(&path)
+                .await
+                .map_err(|e| io_error("file sink: counting the records of a committed file", &path, e))?;
+            records += text.iter().filter(|b| **b == b'\n').count() as u64;
+        }
+        Ok(ReplayCheck::CommittedLater {
+            checkpoint: later,
+            records: Some(records),
+        })
     }
 }
 
@@ -585,7 +603,10 @@ mod tests {
         let mut restarted = sink(&out, 1);
         assert_eq!(
             restarted.check_replay_after(CheckpointId(4)).await.unwrap(),
-            ReplayCheck::CommittedLater(CheckpointId(5))
+            ReplayCheck::CommittedLater {
+                checkpoint: CheckpointId(5),
+                records: Some(1)
+            }
         );
         assert_eq!(
             restarted.check_replay_after(CheckpointId(5)).await.unwrap(),
@@ -600,11 +621,22 @@ mod tests {
         // replays its records.
         let context = SinkContext::new("p", 3, 4, Default::default());
         let mut s3 = FileSink::new(out.clone(), FileFormat::Lines, &context);
-        let late = pre_committed(&mut s3, 7, 1).await;
+        let late = pre_committed(&mut s3, 7, 3).await;
         s3.commit(&late).await.unwrap();
         assert_eq!(
             restarted.check_replay_after(CheckpointId(5)).await.unwrap(),
-            ReplayCheck::CommittedLater(CheckpointId(7))
+            ReplayCheck::CommittedLater {
+                checkpoint: CheckpointId(7),
+                records: Some(3)
+            }
+        );
+        assert_eq!(
+            restarted.check_replay_after(CheckpointId(3)).await.unwrap(),
+            ReplayCheck::CommittedLater {
+                checkpoint: CheckpointId(7),
+                records: Some(5)
+            },
+            "4, 5 and 7"
         );
     }
 

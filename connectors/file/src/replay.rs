@@ -13,7 +13,7 @@
 
 use exactly_core::{CheckpointId, ReplayCheck};
 
-use crate::names;
+use crate::names::{self, PartName};
 
 /// Whose files count: pipeline `pipeline`'s subtask `subtask` of
 /// `parallelism`.
@@ -35,14 +35,13 @@ impl Replayer<'_> {
     ///   older form (no pipeline in its name) of a replayed subtask does:
     ///   it may be this pipeline's or another one's;
     /// - otherwise [`ReplayCheck::Safe`].
+    ///
+    /// The record count is left to the caller, which reads the files
+    /// [`later_files`](Self::later_files) names.
     pub(crate) fn check<'n>(&self, checkpoint: CheckpointId, files: impl IntoIterator<Item = &'n str>) -> ReplayCheck {
-        let parallelism = self.parallelism.max(1);
         let mut ours = None;
         let mut unattributed = false;
-        for part in files.into_iter().filter_map(names::parse_committed) {
-            if part.subtask % parallelism != self.subtask || part.checkpoint <= checkpoint.0 {
-                continue;
-            }
+        for (_, part) in self.replayed_after(checkpoint, files) {
             match part.pipeline.as_deref() {
                 Some(p) if p == self.pipeline => ours = ours.max(Some(part.checkpoint)),
                 Some(_) => {}
@@ -50,10 +49,39 @@ impl Replayer<'_> {
             }
         }
         match ours {
-            Some(later) => ReplayCheck::CommittedLater(CheckpointId(later)),
+            Some(later) => ReplayCheck::committed_later(CheckpointId(later)),
             None if unattributed => ReplayCheck::Unknown,
             None => ReplayCheck::Safe,
         }
+    }
+
+    /// The committed files of this pipeline whose records a replay of
+    /// everything after `checkpoint` writes again (the ones behind a
+    /// `CommittedLater` of [`check`](Self::check)).
+    pub(crate) fn later_files<'n>(
+        &self,
+        checkpoint: CheckpointId,
+        files: impl IntoIterator<Item = &'n str>,
+    ) -> Vec<&'n str> {
+        self.replayed_after(checkpoint, files)
+            .filter(|(_, part)| part.pipeline.as_deref() == Some(self.pipeline))
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// The committed files of any pipeline, with their parsed names, of a
+    /// replayed subtask and a checkpoint after `checkpoint`.
+    fn replayed_after<'n>(
+        &self,
+        checkpoint: CheckpointId,
+        files: impl IntoIterator<Item = &'n str>,
+    ) -> impl Iterator<Item = (&'n str, PartName)> {
+        let parallelism = self.parallelism.max(1);
+        let subtask = self.subtask;
+        files
+            .into_iter()
+            .filter_map(|name| Some((name, names::parse_committed(name)?)))
+            .filter(move |(_, part)| part.subtask % parallelism == subtask && part.checkpoint > checkpoint.0)
     }
 }
 
@@ -78,10 +106,15 @@ mod tests {
             "part-orders-to-files-1-0000000009-0a1b2c3d.jsonl",
             "part-orders-to-files-1-0000000007-ffffffff.txt",
         ];
-        assert_eq!(check(3, &files), ReplayCheck::CommittedLater(CheckpointId(9)));
-        assert_eq!(check(8, &files), ReplayCheck::CommittedLater(CheckpointId(9)));
+        assert_eq!(check(3, &files), ReplayCheck::committed_later(CheckpointId(9)));
+        assert_eq!(check(8, &files), ReplayCheck::committed_later(CheckpointId(9)));
         assert_eq!(check(9, &files), ReplayCheck::Safe, "nothing after 9");
         assert_eq!(check(12, &files), ReplayCheck::Safe);
+        assert_eq!(
+            SUBTASK_1_OF_2.later_files(CheckpointId(5), files),
+            [files[1], files[2]],
+            "the files whose records come again"
+        );
     }
 
     #[test]
@@ -103,7 +136,7 @@ mod tests {
     fn adopted_and_higher_parallelism_subtasks_count() {
         // Subtask 3 of parallelism 4 is replayed by subtask 1 of 2.
         let files = ["part-orders-to-files-3-0000000006-0a1b2c3d.txt"];
-        assert_eq!(check(5, &files), ReplayCheck::CommittedLater(CheckpointId(6)));
+        assert_eq!(check(5, &files), ReplayCheck::committed_later(CheckpointId(6)));
     }
 
     #[test]
@@ -115,6 +148,6 @@ mod tests {
             "part-1-0000000006-0a1b2c3d.txt",
             "part-orders-to-files-1-0000000006-0a1b2c3d.txt",
         ];
-        assert_eq!(check(5, &both), ReplayCheck::CommittedLater(CheckpointId(6)));
+        assert_eq!(check(5, &both), ReplayCheck::committed_later(CheckpointId(6)));
     }
 }

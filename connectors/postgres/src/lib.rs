@@ -271,8 +271,8 @@ impl IdempotentSinkFactory for UpsertMode {
     fn identity(&self) -> String {
         self.0.identity()
     }
-    fn create(&self, context: &SinkContext) -> Result<PostgresUpsertSink, ConnectorError> {
-        self.0.create_upsert_sink(context)
+    fn create(&self, context: SinkContext) -> Result<PostgresUpsertSink, ConnectorError> {
+        self.0.create_upsert_sink(&context)
     }
 }
 
@@ -285,8 +285,8 @@ impl FencedSinkFactory for FencedMode {
     fn identity(&self) -> String {
         self.0.fence_identity()
     }
-    fn create(&self, context: &SinkContext) -> Result<PostgresFencedSink, ConnectorError> {
-        self.0.create_fenced_sink(context)
+    fn create(&self, context: SinkContext) -> Result<PostgresFencedSink, ConnectorError> {
+        self.0.create_fenced_sink(&context)
     }
 }
 

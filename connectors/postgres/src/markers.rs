@@ -11,8 +11,11 @@
 //! # The rule
 //!
 //! The marker of transaction `c` may be deleted once the sink has committed a
-//! transaction `d` that it *began after the commit of `c` had returned* (and
-//! the marker is older than `commit_log_retention`).
+//! transaction `d` that it *began after the commit of `c` had returned*, the
+//! oldest checkpoint the pipeline may still restore
+//! ([`SinkContext::restorable`](exactly_core::SinkContext::restorable)) is at
+//! or above `d`'s checkpoint, and the marker is older than
+//! `commit_log_retention`.
 //!
 //! Why that is safe for the latest checkpoint: a checkpoint lists `c` only if
 //! this subtask acknowledged it while `c` was still uncommitted, that is
@@ -26,11 +29,18 @@
 //! the first commit of the run releases them (and every marker of earlier
 //! runs).
 //!
-//! What it does not cover: an *older* checkpoint entry kept by `[checkpoint]
-//! retain`, restored only when every newer entry is unreadable, may list a
-//! transaction whose marker this rule released; those markers are protected
-//! by `commit_log_retention` alone. With the id of the oldest retained entry
-//! the rule would also require `d`'s checkpoint to be at or below it.
+//! The same holds for every *older* entry kept by `[checkpoint] retain`
+//! (restored only when every newer one is unreadable): each restorable entry
+//! is at or above the oldest restorable checkpoint, hence at or above `d`'s.
+//! While the oldest restorable checkpoint is unknown (a sink built outside
+//! the runtime), only the latest checkpoint is protected by the rule, and
+//! older entries by `commit_log_retention` alone.
+//!
+//! What follows for a fallback to an older entry `n`: a deleted marker's
+//! checkpoint is below `d`'s, which is at or below the oldest restorable
+//! checkpoint at the time, which is at or below `n` (the oldest restorable
+//! checkpoint only rises). So every marker of a checkpoint after `n` is still
+//! there, and the records they count are exactly what the replay duplicates.
 //!
 //! Checkpoint numbers here are the ones in the gids (the checkpoint passed to
 //! `begin`).
@@ -45,6 +55,9 @@ pub(crate) struct MarkerFloor {
     /// Transactions begun and not committed yet: checkpoint → `committed` at
     /// their begin.
     begun: BTreeMap<u64, Option<u64>>,
+    /// Commits whose release waits for the oldest restorable checkpoint to
+    /// reach them: checkpoint of `d` → the markers it releases (at or below).
+    releases: BTreeMap<u64, u64>,
     /// Markers of checkpoints at or below this may be deleted.
     floor: Option<u64>,
 }
@@ -76,13 +89,23 @@ impl MarkerFloor {
                 released = committed_then;
             }
         }
-        self.floor = self.floor.max(released);
+        if let Some(released) = released {
+            let entry = self.releases.entry(checkpoint).or_insert(released);
+            *entry = (*entry).max(released);
+        }
         self.committed = self.committed.max(Some(checkpoint));
     }
 
     /// Markers of checkpoints at or below this may be deleted (`None`:
-    /// none yet).
-    pub(crate) fn floor(&self) -> Option<u64> {
+    /// none yet), given the oldest checkpoint that may still be restored
+    /// (`None`: unknown, so only the latest checkpoint is protected).
+    pub(crate) fn floor(&mut self, restorable: Option<u64>) -> Option<u64> {
+        let waiting = match restorable {
+            Some(oldest) => self.releases.split_off(&oldest.saturating_add(1)),
+            None => BTreeMap::new(),
+        };
+        let settled = std::mem::replace(&mut self.releases, waiting);
+        self.floor = self.floor.max(settled.into_values().max());
         self.floor
     }
 }
@@ -98,17 +121,21 @@ mod tests {
         m.began(1);
         m.began(2); // checkpoint 1 failed: 1 and 2 are both pending
         m.committed(1);
-        assert_eq!(m.floor(), None, "the checkpoint that lists 1 may still be the latest");
+        assert_eq!(
+            m.floor(None),
+            None,
+            "the checkpoint that lists 1 may still be the latest"
+        );
         m.committed(2);
         assert_eq!(
-            m.floor(),
+            m.floor(None),
             None,
             "2 began before 1 was committed: 1 may be listed with 2"
         );
         m.began(3);
-        assert_eq!(m.floor(), None, "3 is not committed yet");
+        assert_eq!(m.floor(None), None, "3 is not committed yet");
         m.committed(3);
-        assert_eq!(m.floor(), Some(2), "3 began after 1 and 2 were committed");
+        assert_eq!(m.floor(None), Some(2), "3 began after 1 and 2 were committed");
     }
 
     #[test]
@@ -116,9 +143,53 @@ mod tests {
         let mut m = MarkerFloor::default();
         m.recovered(Some(40));
         m.began(45);
-        assert_eq!(m.floor(), None);
+        assert_eq!(m.floor(None), None);
         m.committed(45);
-        assert_eq!(m.floor(), Some(40));
+        assert_eq!(m.floor(None), Some(40));
+    }
+
+    #[test]
+    fn a_release_waits_until_the_oldest_restorable_checkpoint_reaches_the_releasing_commit() {
+        let mut m = MarkerFloor::default();
+        m.began(1);
+        m.committed(1);
+        m.began(2);
+        m.committed(2); // releases 1
+        m.began(3);
+        m.committed(3); // releases 2
+        assert_eq!(m.floor(Some(1)), None, "checkpoint 1 may be restored and lists 1");
+        assert_eq!(
+            m.floor(Some(2)),
+            Some(1),
+            "every restorable entry began after 1's commit"
+        );
+        assert_eq!(m.floor(Some(2)), Some(1), "asking again changes nothing");
+        m.began(4);
+        m.committed(4); // releases 3
+        assert_eq!(m.floor(Some(3)), Some(2));
+        assert_eq!(m.floor(Some(9)), Some(3));
+        assert_eq!(m.floor(Some(0)), Some(3), "the floor never falls");
+    }
+
+    #[test]
+    fn no_marker_after_a_restorable_checkpoint_is_ever_released() {
+        // Whatever the order of begins and commits and however the oldest
+        // restorable checkpoint rises, the floor stays below it.
+        let mut m = MarkerFloor::default();
+        let mut oldest = 0;
+        for checkpoint in 1..200u64 {
+            m.began(checkpoint);
+            if checkpoint % 3 != 0 {
+                m.committed(checkpoint);
+            }
+            if checkpoint % 7 == 0 {
+                oldest = checkpoint - 5;
+            }
+            if let Some(floor) = m.floor(Some(oldest)) {
+                assert!(floor < oldest, "floor {floor} with restorable {oldest}");
+            }
+        }
+        assert!(m.floor(Some(oldest)).is_some());
     }
 
     #[test]
@@ -130,10 +201,10 @@ mod tests {
         m.began(2); // again, after the abort
         m.began(3);
         m.committed(3);
-        assert_eq!(m.floor(), Some(1));
+        assert_eq!(m.floor(None), Some(1));
         assert!(m.begun.is_empty(), "the aborted begin of 2 is gone");
         m.began(4);
         m.committed(4);
-        assert_eq!(m.floor(), Some(3), "the floor only rises");
+        assert_eq!(m.floor(None), Some(3), "the floor only rises");
     }
 }

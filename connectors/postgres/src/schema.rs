@@ -16,7 +16,7 @@ use crate::sql::{ident_list, quote_ident, QualifiedName};
 const DDL_LOCK_KEY: i64 = 0x6578_6163_746c_7964; // "exactlyd"
 
 /// Columns of the commit-log table.
-const COMMIT_LOG_COLUMNS: [(&str, Type); 7] = [
+const COMMIT_LOG_COLUMNS: [(&str, Type); 8] = [
     ("gid", Type::TEXT),
     ("pipeline", Type::TEXT),
     ("sink_table", Type::TEXT),
@@ -24,11 +24,12 @@ const COMMIT_LOG_COLUMNS: [(&str, Type); 7] = [
     ("checkpoint", Type::INT8),
     ("prepared_at", Type::TIMESTAMPTZ),
     ("committed_at", Type::TIMESTAMPTZ),
+    ("records", Type::INT8),
 ];
 
-/// The commit-log column added after the first release; tables created
-/// before get it at start.
-const COMMITTED_AT: &str = "committed_at";
+/// The commit-log columns added after the first release, with their types;
+/// tables created before get them at start.
+const ADDED_COMMIT_LOG_COLUMNS: [(&str, &str); 2] = [("committed_at", "timestamptz"), ("records", "bigint")];
 
 /// Columns of the dead-letter table the sink fills, in COPY order (then
 /// `dead_lettered_at`, which defaults to `now()`). `checkpoint` is the
@@ -229,26 +230,30 @@ async fn existing(client: &Client, url: &str, name: &QualifiedName, fix: &str) -
     Ok(info)
 }
 
-/// Adds `committed_at` to a commit log created before it existed. Only when
-/// it is missing: `ALTER TABLE` waits for every prepared transaction holding
-/// a marker, which only this sink's recovery (after this check) commits, so
-/// the wait is bounded by a lock timeout.
-async fn add_committed_at(client: &Client, url: &str, log: &QualifiedName) -> Result<(), ConnectorError> {
+/// Adds the column `name` of type `ty` to a commit log created before it
+/// existed. Only when it is missing: `ALTER TABLE` waits for every prepared
+/// transaction holding a marker, which only this sink's recovery (after this
+/// check) commits, so the wait is bounded by a lock timeout.
+async fn add_commit_log_column(
+    client: &Client,
+    url: &str,
+    log: &QualifiedName,
+    (name, ty): (&str, &str),
+) -> Result<(), ConnectorError> {
     let sql = format!(
-        "BEGIN; SET LOCAL lock_timeout = '5s'; ALTER TABLE {} ADD COLUMN IF NOT EXISTS {COMMITTED_AT} timestamptz; \
-         COMMIT",
+        "BEGIN; SET LOCAL lock_timeout = '5s'; ALTER TABLE {} ADD COLUMN IF NOT EXISTS {name} {ty}; COMMIT",
         log.sql()
     );
     if let Err(e) = client.batch_execute(&sql).await {
         let _ = client.batch_execute("ROLLBACK").await;
         return Err(fatal(format!(
-            "the commit log {log} at {url} lacks the column {COMMITTED_AT} and adding it failed ({e}). Fix: run \
-             ALTER TABLE {} ADD COLUMN {COMMITTED_AT} timestamptz as its owner, after committing or rolling back \
-             the prepared transactions that hold markers in it",
+            "the commit log {log} at {url} lacks the column {name} and adding it failed ({e}). Fix: run \
+             ALTER TABLE {} ADD COLUMN {name} {ty} as its owner, after committing or rolling back the prepared \
+             transactions that hold markers in it",
             log.sql()
         )));
     }
-    tracing::info!(table = %log, "added the column {COMMITTED_AT} to the commit log");
+    tracing::info!(table = %log, "added the column {name} to the commit log");
     Ok(())
 }
 
@@ -322,7 +327,7 @@ fn create_commit_log_sql(name: &QualifiedName) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, pipeline text NOT NULL, sink_table text NOT NULL, \
          subtask integer NOT NULL, checkpoint bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now(), \
-         committed_at timestamptz)",
+         committed_at timestamptz, records bigint)",
         name.sql()
     )
 }
@@ -460,8 +465,14 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
     match settings.mode {
         SinkMode::TwoPhase => {
             let mut log = existing(client, url, &settings.commit_log, "").await?;
-            if log.column(COMMITTED_AT).is_none() {
-                add_committed_at(client, url, &settings.commit_log).await?;
+            let missing: Vec<_> = ADDED_COMMIT_LOG_COLUMNS
+                .into_iter()
+                .filter(|(name, _)| log.column(name).is_none())
+                .collect();
+            for column in &missing {
+                add_commit_log_column(client, url, &settings.commit_log, *column).await?;
+            }
+            if !missing.is_empty() {
                 log = existing(client, url, &settings.commit_log, "").await?;
             }
             log.require_columns(&COMMIT_LOG_COLUMNS, &table_fix("commit_log_table"))?;

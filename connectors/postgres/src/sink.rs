@@ -104,6 +104,9 @@ pub struct PostgresTransaction {
     next_seq: i64,
     /// The write connection it is open on (see `writer_generation`).
     generation: u64,
+    /// Records written into it (rows and dead letters), kept on its commit
+    /// marker: what a fallback past its checkpoint would write again.
+    records: i64,
 }
 
 impl PostgresTransaction {
@@ -425,7 +428,8 @@ impl PostgresSink {
     /// Rows another transaction holds are skipped. Best effort: a failure is
     /// logged and tried again at a later commit.
     async fn prune_markers(&mut self) {
-        let Some(floor) = self.markers.floor() else {
+        let restorable = self.subtask.context.restorable.oldest().map(|c| c.0);
+        let Some(floor) = self.markers.floor(restorable) else {
             return;
         };
         let retention = self.settings().commit_log_retention;
@@ -535,6 +539,7 @@ impl TwoPhaseCommitSink for PostgresSink {
             gid: gid(&self.prefix, checkpoint.0),
             next_seq: 0,
             generation: self.writer_generation,
+            records: 0,
         })
     }
 
@@ -547,6 +552,7 @@ impl TwoPhaseCommitSink for PostgresSink {
     async fn write(&mut self, txn: &mut PostgresTransaction, batch: &[Record]) -> Result<(), ConnectorError> {
         self.check_transaction(txn, "writing")?;
         let layout = self.layout()?;
+        txn.records += i64::try_from(batch.len()).unwrap_or(i64::MAX);
         let (mut rows, dead) = convert(batch, &layout.columns);
         if layout.merge.is_some() {
             for cells in &mut rows {
@@ -590,7 +596,7 @@ impl TwoPhaseCommitSink for PostgresSink {
     }
 
     /// Writes the commit marker (pipeline, table, subtask, checkpoint, gid,
-    /// time) into the commit-log table and runs `PREPARE TRANSACTION`, then
+    /// records, time) into the commit-log table and runs `PREPARE TRANSACTION`, then
     /// checks the transaction really is prepared.
     async fn pre_commit(&mut self, txn: PostgresTransaction) -> Result<PostgresCommittable, ConnectorError> {
         // On a newer connection than the transaction's, the statements below
@@ -599,9 +605,10 @@ impl TwoPhaseCommitSink for PostgresSink {
         self.finish_copy(txn.checkpoint).await?;
         let client = self.writer()?;
         let marker = format!(
-            "INSERT INTO {} (gid, pipeline, sink_table, subtask, checkpoint) VALUES ($1, $2, $3, $4, $5) \
+            "INSERT INTO {} (gid, pipeline, sink_table, subtask, checkpoint, records) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (gid) DO UPDATE SET pipeline = EXCLUDED.pipeline, sink_table = EXCLUDED.sink_table, \
-             subtask = EXCLUDED.subtask, checkpoint = EXCLUDED.checkpoint, prepared_at = now()",
+             subtask = EXCLUDED.subtask, checkpoint = EXCLUDED.checkpoint, records = EXCLUDED.records, \
+             prepared_at = now()",
             self.settings().commit_log.sql()
         );
         let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
@@ -616,6 +623,7 @@ impl TwoPhaseCommitSink for PostgresSink {
                         &self.subtask.settings.table_label,
                         &subtask,
                         &checkpoint,
+                        &txn.records,
                     ],
                 )
                 .await?;
@@ -676,7 +684,8 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// when the commit log holds a marker of a later checkpoint of this
     /// subtask or of any subtask `j` with `j % parallelism` equal to it (the
     /// ones it adopts, and those of a higher parallelism the pipeline may
-    /// have run at since); `Safe` when none does. Sound although markers are
+    /// have run at since), with the records those markers count (`None` when
+    /// one predates the count); `Safe` when none does. Sound although markers are
     /// pruned: the marker of the pipeline's highest committed checkpoint is
     /// never deleted (see the rule in `markers.rs`). A transaction only
     /// prepared is no commit (its marker is invisible until `COMMIT
@@ -688,8 +697,8 @@ impl TwoPhaseCommitSink for PostgresSink {
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         self.connect_committer().await?;
         let sql = format!(
-            "SELECT max(checkpoint) FROM {} WHERE pipeline = $1 AND sink_table = $2 AND subtask % $3 = $4 \
-             AND checkpoint > $5",
+            "SELECT max(checkpoint), sum(records)::bigint, count(*) = count(records) FROM {} WHERE pipeline = $1 \
+             AND sink_table = $2 AND subtask % $3 = $4 AND checkpoint > $5",
             self.settings().commit_log.sql()
         );
         let parallelism = i32::try_from(self.subtask.context.parallelism.max(1)).unwrap_or(i32::MAX);
@@ -709,7 +718,14 @@ impl TwoPhaseCommitSink for PostgresSink {
             .await;
         match later {
             Ok(row) => Ok(match row.get::<_, Option<i64>>(0) {
-                Some(later) => ReplayCheck::CommittedLater(CheckpointId(u64::try_from(later).unwrap_or(0))),
+                Some(later) => ReplayCheck::CommittedLater {
+                    checkpoint: CheckpointId(u64::try_from(later).unwrap_or(0)),
+                    records: row
+                        .get::<_, bool>(2)
+                        .then(|| row.get::<_, Option<i64>>(1))
+                        .flatten()
+                        .map(|n| u64::try_from(n).unwrap_or(0)),
+                },
                 None => ReplayCheck::Safe,
             }),
             // No commit log: nothing to tell from.

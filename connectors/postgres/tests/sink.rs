@@ -7,7 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use exactly_core::{CheckpointId, ConnectorError, Record, ReplayCheck, SinkFactory, TwoPhaseCommitSink};
+use exactly_core::{
+    CheckpointId, ConnectorError, Record, ReplayCheck, RestorableCheckpoints, SinkFactory, TwoPhaseCommitSink,
+};
 use exactly_postgres::{PostgresCommittable, PostgresSinkFactory};
 use serde_json::json;
 
@@ -812,10 +814,10 @@ async fn recovery_after_a_long_downtime_finds_every_marker_it_needs() {
     assert_eq!(f.count().await, 2);
 }
 
-/// A commit log created before `committed_at` existed gets the column at
-/// start, and commits stamp it.
+/// A commit log created before `committed_at` and `records` existed gets
+/// the columns at start; commits stamp the time, markers count the records.
 #[tokio::test]
-async fn an_older_commit_log_gets_committed_at_added() {
+async fn an_older_commit_log_gets_committed_at_and_records_added() {
     let log = unique("old_log");
     let f = Fixture::new("oldlog", &format!("commit_log_table = \"{log}\"\n{ID_NAME}")).await;
     f.db.batch_execute(&format!(
@@ -825,11 +827,14 @@ async fn an_older_commit_log_gets_committed_at_added() {
     .await
     .unwrap();
     let (mut sink, _) = f.recovered(0, &[]).await;
-    let c = prepare(&mut sink, 1, &[people(0, 0, 1)]).await;
+    let c = prepare(&mut sink, 1, &[people(0, 0, 2), people(0, 2, 1)]).await;
     sink.commit(&c).await.unwrap();
     let stamped: Vec<bool> = column(
         &f.db,
-        &format!("SELECT committed_at IS NOT NULL FROM \"{log}\" WHERE gid = '{}'", c.gid),
+        &format!(
+            "SELECT committed_at IS NOT NULL AND records = 3 FROM \"{log}\" WHERE gid = '{}'",
+            c.gid
+        ),
     )
     .await;
     assert_eq!(stamped, [true]);
@@ -893,10 +898,13 @@ async fn a_short_retention_never_deletes_a_marker_the_latest_checkpoint_lists() 
 /// Before falling back to an older checkpoint (the newer entries cannot be
 /// read), the runtime asks whether replaying what came after it duplicates
 /// anything. The commit markers tell: a later checkpoint of this subtask, or
-/// of one that `j % parallelism` maps to it, was committed. Pruning never
-/// deletes the newest marker, so the answer survives a short retention.
+/// of one that `j % parallelism` maps to it, was committed, and they count
+/// the records those commits hold. Markers go only once the oldest
+/// restorable checkpoint has passed the commit that released them, so no
+/// marker after a checkpoint that may still be restored is ever missing
+/// from the count, even with a short retention.
 #[tokio::test]
-async fn the_replay_check_finds_commits_of_later_checkpoints_in_the_markers() {
+async fn the_replay_check_finds_and_counts_commits_of_later_checkpoints_in_the_markers() {
     let log = unique("replay_log");
     let f = Fixture::new(
         "replay",
@@ -910,17 +918,33 @@ async fn the_replay_check_finds_commits_of_later_checkpoints_in_the_markers() {
         "no commit log yet"
     );
     drop(fresh);
-    let (mut s0, _) = f.recovered(0, &[]).await;
-    for (checkpoint, from) in [(3, 0), (5, 10), (7, 20)] {
-        let c = prepare(&mut s0, checkpoint, &[people(0, from, 1)]).await;
+    let factory = PostgresSinkFactory::new(f.config.clone()).unwrap();
+    let restorable = RestorableCheckpoints::default();
+    restorable.set(Some(CheckpointId(2)));
+    let mut s0 = factory.create_sink(context(&f.pipeline, 0).with_restorable(restorable.clone()));
+    s0.recover(&[]).await.unwrap();
+    // Checkpoint 3 holds one record, 5 two, 7 three.
+    let mut from = 0;
+    for (checkpoint, records) in [(3, 1), (5, 2), (7, 3)] {
+        let c = prepare(&mut s0, checkpoint, &[people(0, from, records)]).await;
         s0.commit(&c).await.unwrap();
+        from += records;
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
-    let markers: Vec<i64> = column(&f.db, &format!("SELECT checkpoint FROM \"{log}\" ORDER BY 1")).await;
-    assert_eq!(markers, [7], "the older markers are pruned");
+    let markers = || async { column::<i64>(&f.db, &format!("SELECT checkpoint FROM \"{log}\" ORDER BY 1")).await };
+    assert_eq!(
+        markers().await,
+        [3, 5, 7],
+        "checkpoint 2 may be restored: nothing after it is pruned"
+    );
+    let later = |checkpoint, records| ReplayCheck::CommittedLater {
+        checkpoint: CheckpointId(checkpoint),
+        records: Some(records),
+    };
     for (after, expected) in [
-        (2, ReplayCheck::CommittedLater(CheckpointId(7))),
-        (5, ReplayCheck::CommittedLater(CheckpointId(7))),
+        (2, later(7, 6)),
+        (4, later(7, 5)),
+        (5, later(7, 3)),
         (7, ReplayCheck::Safe),
     ] {
         assert_eq!(
@@ -929,27 +953,42 @@ async fn the_replay_check_finds_commits_of_later_checkpoints_in_the_markers() {
             "after {after}"
         );
     }
-    // Checkpoint 8 only prepared: nothing committed after 7 (recovery rolls
-    // 8 back), so the replay duplicates nothing.
-    let _eight = prepare(&mut s0, 8, &[people(0, 30, 1)]).await;
+    // The oldest restorable checkpoint rises to 5: the marker of 3 (released
+    // by the commit of 5) goes at the next commit, the later ones stay.
+    restorable.set(Some(CheckpointId(5)));
+    let c = prepare(&mut s0, 8, &[people(0, from, 4)]).await;
+    s0.commit(&c).await.unwrap();
+    from += 4;
+    assert_eq!(markers().await, [5, 7, 8]);
+    assert_eq!(s0.check_replay_after(CheckpointId(5)).await.unwrap(), later(8, 7));
+    // Checkpoint 9 only prepared: nothing committed after 8 (recovery rolls
+    // 9 back), so the replay duplicates nothing.
+    let _nine = prepare(&mut s0, 9, &[people(0, from, 1)]).await;
     assert_eq!(
-        s0.check_replay_after(CheckpointId(7)).await.unwrap(),
+        s0.check_replay_after(CheckpointId(8)).await.unwrap(),
         ReplayCheck::Safe,
         "prepared only"
     );
     s0.recover(&[]).await.unwrap();
-    // Subtask 3 of a run at parallelism 4 committed checkpoint 9: at
+    // Subtask 3 of a run at parallelism 4 committed checkpoint 10: at
     // parallelism 2 it maps to subtask 1.
-    let factory = PostgresSinkFactory::new(f.config.clone()).unwrap();
     let metrics = std::sync::Arc::new(exactly_core::Metrics::default());
     let mut s3 = factory.create_sink(exactly_core::SinkContext::new(&f.pipeline, 3, 4, metrics));
     s3.recover(&[]).await.unwrap();
-    let c = prepare(&mut s3, 9, &[people(3, 0, 1)]).await;
+    let c = prepare(&mut s3, 10, &[people(3, 0, 2)]).await;
     s3.commit(&c).await.unwrap();
     let (mut s1, _) = new_sink(&f.config, &f.pipeline, 1);
+    assert_eq!(s1.check_replay_after(CheckpointId(8)).await.unwrap(), later(10, 2));
+    assert_eq!(s0.check_replay_after(CheckpointId(8)).await.unwrap(), ReplayCheck::Safe);
+    // A marker written before markers counted records: the count is unknown.
+    f.db.batch_execute(&format!("UPDATE \"{log}\" SET records = NULL WHERE checkpoint = 7"))
+        .await
+        .unwrap();
     assert_eq!(
-        s1.check_replay_after(CheckpointId(7)).await.unwrap(),
-        ReplayCheck::CommittedLater(CheckpointId(9))
+        s0.check_replay_after(CheckpointId(5)).await.unwrap(),
+        ReplayCheck::CommittedLater {
+            checkpoint: CheckpointId(8),
+            records: None
+        }
     );
-    assert_eq!(s0.check_replay_after(CheckpointId(7)).await.unwrap(), ReplayCheck::Safe);
 }

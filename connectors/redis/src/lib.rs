@@ -350,8 +350,8 @@ impl IdempotentSinkFactory for RedisSinkFactory {
     fn identity(&self) -> String {
         self.describe()
     }
-    fn create(&self, context: &SinkContext) -> Result<RedisSink, ConnectorError> {
-        self.sink(context)
+    fn create(&self, context: SinkContext) -> Result<RedisSink, ConnectorError> {
+        self.sink(&context)
     }
 }
 
@@ -360,8 +360,8 @@ impl FencedSinkFactory for RedisSinkFactory {
     fn identity(&self) -> String {
         self.describe()
     }
-    fn create(&self, context: &SinkContext) -> Result<RedisSink, ConnectorError> {
-        self.sink(context)
+    fn create(&self, context: SinkContext) -> Result<RedisSink, ConnectorError> {
+        self.sink(&context)
     }
 }
 

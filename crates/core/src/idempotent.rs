@@ -94,8 +94,10 @@ pub trait IdempotentSinkFactory: Send + Sync + 'static {
     type Sink: IdempotentSink;
     /// See [`SinkFactory::identity`].
     fn identity(&self) -> String;
-    /// Creates the sink of one subtask.
-    fn create(&self, context: &SinkContext) -> Result<Self::Sink, ConnectorError>;
+    /// Creates the sink of one subtask. Like [`SinkFactory::create`], it
+    /// gets the subtask's own context (the adapter keeps a clone); connect
+    /// lazily.
+    fn create(&self, context: SinkContext) -> Result<Self::Sink, ConnectorError>;
 }
 
 /// Creates the fenced sink of each subtask.
@@ -104,8 +106,10 @@ pub trait FencedSinkFactory: Send + Sync + 'static {
     type Sink: FencedSink;
     /// See [`SinkFactory::identity`].
     fn identity(&self) -> String;
-    /// Creates the sink of one subtask.
-    fn create(&self, context: &SinkContext) -> Result<Self::Sink, ConnectorError>;
+    /// Creates the sink of one subtask. Like [`SinkFactory::create`], it
+    /// gets the subtask's own context (the adapter keeps a clone); connect
+    /// lazily.
+    fn create(&self, context: SinkContext) -> Result<Self::Sink, ConnectorError>;
 }
 
 fn count(metrics: &Metrics, outcome: &WriteOutcome) {
@@ -134,7 +138,7 @@ impl<F: IdempotentSinkFactory> SinkFactory for ReplaySafe<F> {
     }
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
         Ok(erase(ReplaySafeSink {
-            sink: self.0.create(&context)?,
+            sink: self.0.create(context.clone())?,
             context,
         }))
     }
@@ -226,7 +230,7 @@ impl<F: IdempotentSinkFactory> SinkFactory for WriteAhead<F> {
     }
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
         Ok(erase(WriteAheadSink {
-            sink: self.factory.create(&context)?,
+            sink: self.factory.create(context.clone())?,
             spill_dir: self.spill_dir.join(&context.pipeline),
             inline_limit: self.inline_limit,
             context,
@@ -510,7 +514,7 @@ impl<F: FencedSinkFactory> SinkFactory for Fenced<F> {
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
         Ok(erase(ReplaySafeSink {
             sink: ScopedFence {
-                sink: self.0.create(&context)?,
+                sink: self.0.create(context.clone())?,
                 scope: format!("{}/{}", context.pipeline, self.0.identity()),
             },
             context,
@@ -585,7 +589,7 @@ mod tests {
         fn identity(&self) -> String {
             "memory".into()
         }
-        fn create(&self, _: &SinkContext) -> Result<Store, ConnectorError> {
+        fn create(&self, _: SinkContext) -> Result<Store, ConnectorError> {
             Ok(self.0.clone())
         }
     }
@@ -594,7 +598,7 @@ mod tests {
         fn identity(&self) -> String {
             "memory".into()
         }
-        fn create(&self, _: &SinkContext) -> Result<Store, ConnectorError> {
+        fn create(&self, _: SinkContext) -> Result<Store, ConnectorError> {
             Ok(self.0.clone())
         }
     }

@@ -171,10 +171,12 @@ pub trait TwoPhaseCommitSink: Send + 'static {
     /// changed here; `recover` comes after.
     ///
     /// Answer [`ReplayCheck::CommittedLater`] when the store shows a commit
-    /// of a later checkpoint (a commit marker, a final file), `Safe` when it
-    /// proves there is none or when writes are replay-safe anyway
-    /// (idempotent upserts, position fences). The default, `Unknown`, makes
-    /// the runtime refuse the fallback unless the operator accepts it.
+    /// of a later checkpoint (a commit marker, a final file), with the
+    /// number of records those later commits hold when the store counts
+    /// them (the runtime logs it as the duplicates a fallback writes);
+    /// `Safe` when it proves there is none or when writes are replay-safe
+    /// anyway (idempotent upserts, position fences). The default, `Unknown`,
+    /// makes the runtime refuse the fallback unless the operator accepts it.
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         let _ = checkpoint;
         Ok(ReplayCheck::Unknown)
@@ -187,11 +189,28 @@ pub trait TwoPhaseCommitSink: Send + 'static {
 pub enum ReplayCheck {
     /// Replaying the records after the checkpoint duplicates nothing.
     Safe,
-    /// The transaction of this later checkpoint was committed: replaying
-    /// duplicates its records.
-    CommittedLater(CheckpointId),
+    /// Transactions of checkpoints after the one to restore were committed:
+    /// replaying duplicates their records.
+    CommittedLater {
+        /// The highest such checkpoint.
+        checkpoint: CheckpointId,
+        /// How many records those transactions hold together — the records
+        /// a replay writes a second time — when the store counts them;
+        /// `None` when it cannot tell.
+        records: Option<u64>,
+    },
     /// The sink cannot tell.
     Unknown,
+}
+
+impl ReplayCheck {
+    /// [`CommittedLater`](Self::CommittedLater) without a record count.
+    pub fn committed_later(checkpoint: CheckpointId) -> Self {
+        ReplayCheck::CommittedLater {
+            checkpoint,
+            records: None,
+        }
+    }
 }
 
 /// Describes a sink and creates its subtasks.

@@ -322,8 +322,16 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
 }
 
 impl FsCheckpointStore {
-    /// Store for pipeline `pipeline` under `root` (entries in `root/pipeline/`),
-    /// keeping the newest `retain` entries (at least 1).
+    /// Store of the pipeline `config` configures, under `root` (entries in
+    /// `root/<config.name>/`), keeping the newest `retain` entries (at least
+    /// 1): the pipeline's name is said once, in its configuration.
+    pub fn for_pipeline(root: impl AsRef<Path>, config: &crate::PipelineConfig, retain: usize) -> Self {
+        FsCheckpointStore::new(root, &config.name, retain)
+    }
+
+    /// Store of the folder `root/pipeline/`, keeping the newest `retain`
+    /// entries (at least 1). For reading a folder by name (operator tools);
+    /// a pipeline builds its store with [`for_pipeline`](Self::for_pipeline).
     pub fn new(root: impl AsRef<Path>, pipeline: &str, retain: usize) -> Self {
         FsCheckpointStore {
             dir: root.as_ref().join(pipeline),

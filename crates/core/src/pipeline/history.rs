@@ -92,15 +92,18 @@ impl Pipeline {
                 "every sink committed checkpoint {through} (recorded in committed-through)"
             ));
         }
+        let mut duplicates = Duplicates::default();
         for (i, sink) in sinks.iter_mut() {
             let answer = sink
                 .check_replay_after(id)
                 .await
                 .map_err(|e| self.connector_failure(false, e))?;
+            duplicates.add(*i, answer);
             match answer {
                 ReplayCheck::Safe => {}
-                ReplayCheck::CommittedLater(later) => known.push(format!(
-                    "sink subtask {i} committed the transaction of checkpoint {later}"
+                ReplayCheck::CommittedLater { checkpoint, records } => known.push(format!(
+                    "sink subtask {i} committed transactions up to checkpoint {checkpoint}{}",
+                    records.map_or_else(String::new, |n| format!(" holding {n} records"))
                 )),
                 ReplayCheck::Unknown => known.push(format!(
                     "sink subtask {i} cannot tell whether it committed anything after it"
@@ -120,6 +123,7 @@ impl Pipeline {
                 %skipped,
                 checkpoint = %id,
                 known = %known.join("; "),
+                duplicates = %duplicates,
                 "falling back past unreadable checkpoint entries although later checkpoints may have been committed \
                  (allow_fallback): the records after the restored checkpoint are written again and duplicate what those committed"
             );
@@ -143,4 +147,84 @@ impl Pipeline {
 /// Why the entry `name` of `store` cannot be read.
 fn why_unreadable(store: &Arc<dyn CheckpointStore>, name: &str) -> String {
     store.read(name).err().unwrap_or_else(|| "readable now".into())
+}
+
+/// The duplicates a fallback writes, from the sinks' answers: the records of
+/// the later commits each sink counted, and the subtasks that could not count
+/// theirs.
+#[derive(Debug, Default)]
+struct Duplicates {
+    counted: u64,
+    any_counted: bool,
+    uncounted: Vec<usize>,
+}
+
+impl Duplicates {
+    fn add(&mut self, subtask: usize, answer: ReplayCheck) {
+        match answer {
+            ReplayCheck::Safe => {}
+            ReplayCheck::CommittedLater {
+                records: Some(records), ..
+            } => {
+                self.counted += records;
+                self.any_counted = true;
+            }
+            ReplayCheck::CommittedLater { records: None, .. } | ReplayCheck::Unknown => self.uncounted.push(subtask),
+        }
+    }
+
+    /// The records counted, if any sink counted.
+    fn counted(&self) -> Option<u64> {
+        self.any_counted.then_some(self.counted)
+    }
+}
+
+impl std::fmt::Display for Duplicates {
+    /// `1234 records`, `at least 1234 records (sink subtasks [1] cannot count theirs)`,
+    /// or `unknown (sink subtasks [0, 1] cannot count theirs)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.counted(), self.uncounted.is_empty()) {
+            (Some(n), true) => write!(f, "{n} records"),
+            (Some(n), false) => write!(
+                f,
+                "at least {n} records (sink subtasks {:?} cannot count theirs)",
+                self.uncounted
+            ),
+            (None, true) => write!(f, "none counted by the sinks"),
+            (None, false) => write!(f, "unknown (sink subtasks {:?} cannot count theirs)", self.uncounted),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_add_up_what_the_sinks_counted_and_name_who_could_not() {
+        let mut d = Duplicates::default();
+        d.add(0, ReplayCheck::Safe);
+        assert_eq!(d.to_string(), "none counted by the sinks");
+        d.add(
+            1,
+            ReplayCheck::CommittedLater {
+                checkpoint: CheckpointId(7),
+                records: Some(120),
+            },
+        );
+        d.add(
+            2,
+            ReplayCheck::CommittedLater {
+                checkpoint: CheckpointId(9),
+                records: Some(30),
+            },
+        );
+        assert_eq!((d.counted(), d.to_string()), (Some(150), "150 records".to_string()));
+        d.add(3, ReplayCheck::Unknown);
+        d.add(4, ReplayCheck::committed_later(CheckpointId(8)));
+        assert_eq!(
+            d.to_string(),
+            "at least 150 records (sink subtasks [3, 4] cannot count theirs)"
+        );
+    }
 }

@@ -41,6 +41,7 @@ fn main() -> Result<(), String> {
     config.parallelism = 2;
     config.checkpoint.interval = Duration::from_millis(50);
     config.restart = RestartStrategy::None;
+    let store = FsCheckpointStore::for_pipeline(checkpoints, &config, 3);
     let pipeline = Pipeline::new(
         config,
         Arc::new(source()),
@@ -48,7 +49,7 @@ fn main() -> Result<(), String> {
             path: PathBuf::from(database),
             mode,
         }),
-        Arc::new(FsCheckpointStore::new(checkpoints, "sqlite-example", 3)),
+        Arc::new(store),
     )
     .map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
