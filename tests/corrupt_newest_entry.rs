@@ -12,7 +12,12 @@
 //!   the duplicates of that checkpoint's interval;
 //! - the newest checkpoint's transactions were only prepared (killed between
 //!   persist and commit): it falls back, rolls them back, and ends with
-//!   every order exactly once.
+//!   every order exactly once;
+//! - the entries from the newest committed checkpoint on are deleted (not
+//!   damaged) while it is down: `committed-through` shows a commit after the
+//!   newest entry left, so the start is refused the same way, and with
+//!   `--allow-fallback` the duplicates are exactly that checkpoint's
+//!   interval, counted in the log.
 
 mod common;
 
@@ -311,4 +316,68 @@ fn a_corrupt_newest_entry_whose_transactions_were_only_prepared_falls_back_exact
             .exists(),
         "the unreadable entry is set aside as .unreadable"
     );
+}
+
+#[test]
+fn deleted_entries_of_committed_checkpoints_are_refused_unless_the_duplicates_are_accepted() {
+    let case = Case::new("deleted_committed");
+    let feed = Feed::start(case.kafka.bootstrap(), &case.topic, ORDERS);
+    run_killed_within(&case.pipeline(false), "coordinator.after_persist@0:20", &[], TIMEOUT);
+    assert!(feed.is_running(), "the input was complete before the crash");
+
+    // Every entry from the newest committed checkpoint on goes.
+    let store = case.store(0);
+    let through = store.committed_through().unwrap().expect("region 0 recorded a commit");
+    let entries = case.entries(0);
+    let left = entries
+        .iter()
+        .rfind(|n| n.id < through)
+        .expect("an entry before the newest committed one")
+        .clone();
+    let committed = entries.iter().find(|n| n.id == through).expect("its entry");
+    let read = |n: &EntryName| store.read(&n.file_name).expect("a readable entry");
+    let duplicates = records_between(&read(&left), &read(committed), &case.topic, 0);
+    assert!(duplicates > 0, "checkpoint {through}'s interval wrote records");
+    for gone in entries.iter().filter(|n| n.id >= through) {
+        std::fs::remove_file(case.entry_path(0, &read(gone))).unwrap();
+    }
+    let rows_before = case.rows_of_region(0);
+    let prepared_before = case.prepared_of(0);
+
+    let (status, _, log) = wait(spawn_with(&case.pipeline(true), &[], PLAIN), TIMEOUT);
+    assert!(!status.success(), "the fallback was accepted:\n{log}");
+    assert_log_names(
+        &log,
+        &[
+            &format!("the entry of checkpoint {through} is gone"),
+            &format!("the newest readable one is checkpoint {}", left.id),
+            &format!("sink subtask 0 committed transactions up to checkpoint {through} holding {duplicates} records"),
+            "--allow-fallback",
+        ],
+    );
+    assert_eq!(case.rows_of_region(0), rows_before, "rows written by the refused run");
+    assert_eq!(
+        case.prepared_of(0),
+        prepared_before,
+        "prepared transactions touched by the refused run"
+    );
+
+    feed.finish();
+    let (status, _, log) = wait(spawn_with(&case.pipeline(true), &["--allow-fallback"], PLAIN), TIMEOUT);
+    assert!(status.success(), "the run with --allow-fallback failed:\n{log}");
+    assert_log_names(&log, &[&format!("duplicates={duplicates} records")]);
+    let (rows, distinct) = case.rows_of_region(0);
+    assert_eq!(
+        rows - distinct,
+        duplicates,
+        "duplicates in region 0: checkpoint {through}'s interval"
+    );
+    let (rows1, distinct1) = case.rows_of_region(1);
+    assert_eq!(rows1, distinct1, "region 1 was not touched by the fallback");
+    assert_eq!(
+        distinct + distinct1,
+        ORDERS,
+        "every order is there (distinct partition, offset)"
+    );
+    assert_eq!(prepared_of_pipeline(case.url(), &case.name), Vec::<String>::new());
 }

@@ -285,6 +285,9 @@ impl CheckpointStore for SlowStore {
     fn list(&self) -> Result<Vec<EntryName>, StoreError> {
         self.inner.list()
     }
+    fn quarantined(&self) -> Result<Vec<EntryName>, StoreError> {
+        self.inner.quarantined()
+    }
     fn read(&self, name: &str) -> Result<CheckpointEntry, String> {
         self.inner.read(name)
     }

@@ -107,7 +107,7 @@ pub enum StoreError {
     /// Newer entries than the newest readable one cannot be read, and the
     /// sinks do not prove that restoring the older one duplicates nothing.
     #[error(
-        "the newest checkpoint entries in {dir} cannot be read ({skipped}); the newest readable one is \
+        "the newest checkpoint entries in {dir} cannot be read or are gone ({skipped}); the newest readable one is \
          checkpoint {restored}. Restoring it would write every record after it again, and {known}. Refusing \
          to start: restore the unreadable entries (from a backup), or accept the fallback and its \
          duplicates deliberately with allow_fallback = true in [checkpoint] or --allow-fallback"

@@ -174,6 +174,15 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// Entry names, oldest first, including ones that may be corrupt.
     fn list(&self) -> Result<Vec<EntryName>, StoreError>;
 
+    /// Names of the entries set aside by [`quarantine`](Self::quarantine)
+    /// (with the entry's own name), oldest first. The runtime reads them to
+    /// tell an entry set aside by an accepted fallback from one that is
+    /// gone. The default, none, makes every gap look unexplained (a start
+    /// is then refused rather than duplicating silently).
+    fn quarantined(&self) -> Result<Vec<EntryName>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// Reads and verifies the entry `name` (from [`list`](Self::list));
     /// `Err` says why it cannot be used (unreadable, corrupt, torn).
     fn read(&self, name: &str) -> Result<CheckpointEntry, String>;
@@ -322,6 +331,22 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
 }
 
 impl FsCheckpointStore {
+    /// The entry names `parse` reads from the folder's file names, oldest
+    /// first (none when the folder does not exist).
+    fn names_in_folder(&self, parse: impl Fn(&str) -> Option<EntryName>) -> Result<Vec<EntryName>, StoreError> {
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(&self.dir)(e)),
+        };
+        let mut names = rd
+            .flatten()
+            .filter_map(|e| parse(&e.file_name().to_string_lossy()))
+            .collect::<Vec<_>>();
+        names.sort_by_key(|n| (n.id, n.created_unix_ms));
+        Ok(names)
+    }
+
     /// Store of the pipeline `config` configures, under `root` (entries in
     /// `root/<config.name>/`), keeping the newest `retain` entries (at least
     /// 1): the pipeline's name is said once, in its configuration.
@@ -623,17 +648,11 @@ impl CheckpointStore for FsCheckpointStore {
     }
 
     fn list(&self) -> Result<Vec<EntryName>, StoreError> {
-        let rd = match fs::read_dir(&self.dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_err(&self.dir)(e)),
-        };
-        let mut names = rd
-            .flatten()
-            .filter_map(|e| EntryName::parse(&e.file_name().to_string_lossy()))
-            .collect::<Vec<_>>();
-        names.sort_by_key(|n| (n.id, n.created_unix_ms));
-        Ok(names)
+        self.names_in_folder(EntryName::parse)
+    }
+
+    fn quarantined(&self) -> Result<Vec<EntryName>, StoreError> {
+        self.names_in_folder(|name| EntryName::parse(name.strip_suffix(QUARANTINE_SUFFIX)?))
     }
 
     fn location(&self) -> String {

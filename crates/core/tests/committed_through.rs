@@ -64,6 +64,14 @@ impl SinkFactory for RecordingFactory {
 }
 
 fn pipeline(root: &std::path::Path, recoveries: &Recoveries) -> (Pipeline, FsCheckpointStore) {
+    pipeline_with(root, recoveries, |_| {})
+}
+
+fn pipeline_with(
+    root: &std::path::Path,
+    recoveries: &Recoveries,
+    tweak: impl FnOnce(&mut PipelineConfig),
+) -> (Pipeline, FsCheckpointStore) {
     let mut config = PipelineConfig::new("committed");
     // The store's own folder holds the one checkpoint sequence.
     config.failover = Failover::Global;
@@ -73,7 +81,8 @@ fn pipeline(root: &std::path::Path, recoveries: &Recoveries) -> (Pipeline, FsChe
         interval: Duration::from_secs(30),
         ..CheckpointConfig::default()
     };
-    let store = FsCheckpointStore::new(root, "committed", 3);
+    tweak(&mut config);
+    let store = FsCheckpointStore::for_pipeline(root, &config, 3);
     let source = SequenceSourceFactory {
         splits: 1,
         records_per_split: 200,
@@ -129,4 +138,79 @@ async fn a_checkpoint_committed_before_the_stop_is_not_committed_again() {
     let (third, _) = pipeline(control.path(), &recoveries);
     third.run(std::future::pending()).await.unwrap();
     assert_eq!(recoveries.lock().unwrap().last(), Some(&listed));
+}
+
+/// The file of entry `id` in `store`'s folder.
+fn entry_file(store: &FsCheckpointStore, id: CheckpointId) -> std::path::PathBuf {
+    let names = store.list().unwrap();
+    let name = names.iter().find(|n| n.id == id).expect("the entry is listed");
+    store.dir().join(&name.file_name)
+}
+
+/// An operator deletes the newest entry after its commits were recorded.
+/// Restoring the entry before it would replay records that were committed,
+/// so the start is refused, naming the checkpoint whose entry is gone and
+/// the flag; with `allow_fallback` it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_checkpoint_whose_entry_is_gone_is_not_fallen_back_past_silently() {
+    let root = tempfile::tempdir().unwrap();
+    let recoveries = Recoveries::default();
+    let (first, store) = pipeline(root.path(), &recoveries);
+    let last = first
+        .run(std::future::pending())
+        .await
+        .unwrap()
+        .last_checkpoint
+        .unwrap();
+    assert_eq!(store.committed_through().unwrap(), Some(last));
+    std::fs::remove_file(entry_file(&store, last)).unwrap();
+    assert!(store.latest().unwrap().is_some_and(|e| e.checkpoint.id < last));
+
+    let (second, _) = pipeline(root.path(), &recoveries);
+    let refused = second.run(std::future::pending()).await.unwrap_err().to_string();
+    for part in [
+        format!("the entry of checkpoint {last} is gone"),
+        format!("every sink committed checkpoint {last} (recorded in committed-through)"),
+        "--allow-fallback".to_string(),
+    ] {
+        assert!(refused.contains(&part), "`{part}` missing from: {refused}");
+    }
+
+    let (third, _) = pipeline_with(root.path(), &recoveries, |c| c.allow_fallback = true);
+    let again = third
+        .run(std::future::pending())
+        .await
+        .unwrap()
+        .last_checkpoint
+        .unwrap();
+    assert!(again > last, "new checkpoints go on above the gone one");
+}
+
+/// An entry set aside by an accepted fallback (`<entry>.unreadable`)
+/// explains why committed-through is above the newest readable entry: a
+/// restart before the next checkpoint is not refused again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_set_aside_by_an_accepted_fallback_is_not_reported_gone() {
+    let root = tempfile::tempdir().unwrap();
+    let recoveries = Recoveries::default();
+    let (first, store) = pipeline(root.path(), &recoveries);
+    let last = first
+        .run(std::future::pending())
+        .await
+        .unwrap()
+        .last_checkpoint
+        .unwrap();
+    store
+        .quarantine(&entry_file(&store, last).file_name().unwrap().to_string_lossy())
+        .unwrap();
+    assert_eq!(
+        store.quarantined().unwrap().iter().map(|n| n.id).collect::<Vec<_>>(),
+        [last]
+    );
+
+    let (second, _) = pipeline(root.path(), &recoveries);
+    second
+        .run(std::future::pending())
+        .await
+        .expect("the gap is explained by the entry set aside");
 }

@@ -71,7 +71,7 @@ impl Pipeline {
     }
 
     /// Restoring the newest readable entry falls back past unreadable newer
-    /// ones: allowed when nothing a later checkpoint committed would be
+    /// ones, or past a committed checkpoint whose entry is gone: allowed when nothing a later checkpoint committed would be
     /// written again — the store's committed-through record is not past the
     /// restored checkpoint and every sink subtask proves it (or its writes
     /// are replay-safe) — or when `allow_fallback` accepts the duplicates.
@@ -82,7 +82,7 @@ impl Pipeline {
         restored: &Restored,
         sinks: &mut [(usize, Box<dyn ErasedSink>)],
     ) -> Result<(), AttemptFailure> {
-        if restored.skipped.is_empty() {
+        if restored.skipped.is_empty() && restored.gone.is_none() {
             return Ok(());
         }
         let id = restored.id().unwrap_or_default();
@@ -114,6 +114,12 @@ impl Pipeline {
             .skipped
             .iter()
             .map(|(name, problem)| format!("{name}: {problem}"))
+            .chain(restored.gone.map(|gone| {
+                format!(
+                    "the entry of checkpoint {gone} is gone (deleted or moved, not set aside as .unreadable), \
+                     although committed-through records that every sink committed it"
+                )
+            }))
             .collect::<Vec<_>>()
             .join("; ");
         if known.is_empty() {

@@ -31,6 +31,11 @@ pub(super) struct Restored {
     /// Entries newer than `latest` that cannot be read, with why: restoring
     /// `latest` falls back past them.
     pub(super) skipped: Vec<(String, String)>,
+    /// A checkpoint after `latest` that the store records every sink
+    /// committed (`committed_through`) although its entry is gone and was
+    /// not set aside by an accepted fallback: deleted or moved behind the
+    /// pipeline's back. Restoring `latest` falls back past it as well.
+    pub(super) gone: Option<CheckpointId>,
 }
 
 impl Restored {
@@ -118,6 +123,15 @@ impl Pipeline {
             info!("no checkpoint found: first start");
         }
         let committed_through = self.with_store(store, |store| store.committed_through()).await?;
+        // Unreadable newer entries are checked anyway (and explain the gap).
+        let gone = match (&latest, committed_through) {
+            (Some(entry), Some(through)) if through > entry.checkpoint.id && skipped.is_empty() => {
+                let quarantined = self.with_store(store, |store| store.quarantined()).await?;
+                let set_aside = quarantined.iter().any(|q| q.id >= through);
+                (!set_aside).then_some(through)
+            }
+            _ => None,
+        };
         let retained = self.with_store(store, |store| store.list()).await?;
         region.restorable.set(super::region::oldest(&retained));
         // Everything the restored checkpoint lists was committed by every sink
@@ -138,6 +152,7 @@ impl Pipeline {
             all_committed,
             committed_through,
             skipped,
+            gone,
         })
     }
 
