@@ -217,6 +217,32 @@ impl FileSink {
         Ok(names)
     }
 
+    /// The lines of the files `names` of the folder together, read in
+    /// chunks; `None` when one of them is gone meanwhile (a consumer moved
+    /// it away), so the count would be short.
+    async fn count_lines(&self, names: &[&str]) -> Result<Option<u64>, ConnectorError> {
+        use tokio::io::AsyncReadExt;
+        let mut lines = 0u64;
+        let mut chunk = vec![0u8; 64 * 1024];
+        for name in names {
+            let path = self.dir.join(name);
+            let counting = |e| io_error("file sink: counting the records of a committed file", &path, e);
+            let mut file = match tokio::fs::File::open(&path).await {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(counting(e)),
+            };
+            loop {
+                let n = file.read(&mut chunk).await.map_err(counting)?;
+                if n == 0 {
+                    break;
+                }
+                lines += chunk[..n].iter().filter(|b| **b == b'\n').count() as u64;
+            }
+        }
+        Ok(Some(lines))
+    }
+
     async fn sync_dir(&self) -> Result<(), ConnectorError> {
         let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || std::fs::File::open(&dir).and_then(|d| d.sync_all()))
@@ -357,8 +383,10 @@ impl TwoPhaseCommitSink for FileSink {
     /// a later checkpoint; `Unknown` when only a file named in the older
     /// form (no pipeline) does; `Safe` otherwise, also when the folder does
     /// not exist (nothing was committed there). A `CommittedLater` counts
-    /// the lines of those later files: one per record (exact unless values
-    /// of format `lines` hold line breaks). Reads only: the folder is
+    /// the lines of those later files: one per record (exact for
+    /// `json-lines`; in format `lines` a value holding line breaks counts
+    /// once per line), uncounted when a later file of the older form or a
+    /// file gone meanwhile makes the count short. Reads only: the folder is
     /// listed and the later files read, nothing is locked or changed.
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         if !tokio::fs::try_exists(&self.dir).await.unwrap_or(true) {
@@ -375,17 +403,14 @@ impl TwoPhaseCommitSink for FileSink {
         let ReplayCheck::CommittedLater { checkpoint: later, .. } = answer else {
             return Ok(answer);
         };
-        let mut records = 0;
-        for name in replayer.later_files(checkpoint, names()) {
-            let path = self.dir.join(name);
-            let text = tokio::fs::read(&path)
-                .await
-                .map_err(|e| io_error("file sink: counting the records of a committed file", &path, e))?;
-            records += text.iter().filter(|b| **b == b'\n').count() as u64;
-        }
+        let records = if replayer.unattributed_later(checkpoint, names()) {
+            None
+        } else {
+            self.count_lines(&replayer.later_files(checkpoint, names())).await?
+        };
         Ok(ReplayCheck::CommittedLater {
             checkpoint: later,
-            records: Some(records),
+            records,
         })
     }
 }

@@ -69,6 +69,19 @@ impl Replayer<'_> {
             .collect()
     }
 
+    /// Whether a committed file of the older form (no pipeline in its name)
+    /// of a replayed subtask holds a later checkpoint than `checkpoint`: it
+    /// may be this pipeline's, so the records of the later commits cannot
+    /// be counted.
+    pub(crate) fn unattributed_later<'n>(
+        &self,
+        checkpoint: CheckpointId,
+        files: impl IntoIterator<Item = &'n str>,
+    ) -> bool {
+        self.replayed_after(checkpoint, files)
+            .any(|(_, part)| part.pipeline.is_none())
+    }
+
     /// The committed files of any pipeline, with their parsed names, of a
     /// replayed subtask and a checkpoint after `checkpoint`.
     fn replayed_after<'n>(
@@ -149,5 +162,7 @@ mod tests {
             "part-orders-to-files-1-0000000006-0a1b2c3d.txt",
         ];
         assert_eq!(check(5, &both), ReplayCheck::committed_later(CheckpointId(6)));
+        assert!(SUBTASK_1_OF_2.unattributed_later(CheckpointId(5), both));
+        assert!(!SUBTASK_1_OF_2.unattributed_later(CheckpointId(6), both));
     }
 }

@@ -16,7 +16,7 @@ use crate::sql::{ident_list, quote_ident, QualifiedName};
 const DDL_LOCK_KEY: i64 = 0x6578_6163_746c_7964; // "exactlyd"
 
 /// Columns of the commit-log table.
-const COMMIT_LOG_COLUMNS: [(&str, Type); 8] = [
+const COMMIT_LOG_COLUMNS: [(&str, Type); 7] = [
     ("gid", Type::TEXT),
     ("pipeline", Type::TEXT),
     ("sink_table", Type::TEXT),
@@ -24,12 +24,17 @@ const COMMIT_LOG_COLUMNS: [(&str, Type); 8] = [
     ("checkpoint", Type::INT8),
     ("prepared_at", Type::TIMESTAMPTZ),
     ("committed_at", Type::TIMESTAMPTZ),
-    ("records", Type::INT8),
 ];
 
-/// The commit-log columns added after the first release, with their types;
-/// tables created before get them at start.
-const ADDED_COMMIT_LOG_COLUMNS: [(&str, &str); 2] = [("committed_at", "timestamptz"), ("records", "bigint")];
+/// The commit-log column added after the first release that the sink needs;
+/// tables created before get it at start.
+const COMMITTED_AT: (&str, &str) = ("committed_at", "timestamptz");
+
+/// The commit-log column that counts a marker's records (what a fallback
+/// past its checkpoint duplicates). Optional: an older commit log gets it
+/// at start when that is possible at once; until then markers go without
+/// a count and fallbacks are not counted.
+pub(crate) const RECORDS: (&str, &str) = ("records", "bigint");
 
 /// Columns of the dead-letter table the sink fills, in COPY order (then
 /// `dead_lettered_at`, which defaults to `now()`). `checkpoint` is the
@@ -82,6 +87,9 @@ pub(crate) struct Layout {
     /// `dead_letter_types`) unless the table already holds the same record
     /// (pipeline, table, split, offset): mode `upsert`, whose replays repeat.
     pub insert_dead_letters_once: String,
+    /// Mode `two-phase`: the commit log has the column `records` (see
+    /// [`RECORDS`]), so markers count their records.
+    pub marker_counts_records: bool,
 }
 
 /// A column as the catalog describes it.
@@ -232,29 +240,63 @@ async fn existing(client: &Client, url: &str, name: &QualifiedName, fix: &str) -
 
 /// Adds the column `name` of type `ty` to a commit log created before it
 /// existed. Only when it is missing: `ALTER TABLE` waits for every prepared
-/// transaction holding a marker, which only this sink's recovery (after this
-/// check) commits, so the wait is bounded by a lock timeout.
+/// transaction holding a marker, which only the sinks' recovery (after this
+/// check) commits, so the wait is bounded by `lock_timeout`.
 async fn add_commit_log_column(
     client: &Client,
-    url: &str,
     log: &QualifiedName,
     (name, ty): (&str, &str),
-) -> Result<(), ConnectorError> {
+    lock_timeout: &str,
+) -> Result<(), tokio_postgres::Error> {
     let sql = format!(
-        "BEGIN; SET LOCAL lock_timeout = '5s'; ALTER TABLE {} ADD COLUMN IF NOT EXISTS {name} {ty}; COMMIT",
+        "BEGIN; SET LOCAL lock_timeout = '{lock_timeout}'; ALTER TABLE {} ADD COLUMN IF NOT EXISTS {name} {ty}; \
+         COMMIT",
         log.sql()
     );
-    if let Err(e) = client.batch_execute(&sql).await {
+    let added = client.batch_execute(&sql).await;
+    if added.is_err() {
         let _ = client.batch_execute("ROLLBACK").await;
-        return Err(fatal(format!(
-            "the commit log {log} at {url} lacks the column {name} and adding it failed ({e}). Fix: run \
+    } else {
+        tracing::info!(table = %log, "added the column {name} to the commit log");
+    }
+    added
+}
+
+/// Adds `committed_at` (needed) to an older commit log; an error names the
+/// fix.
+async fn add_committed_at(client: &Client, url: &str, log: &QualifiedName) -> Result<(), ConnectorError> {
+    let (name, ty) = COMMITTED_AT;
+    add_commit_log_column(client, log, COMMITTED_AT, "5s")
+        .await
+        .map_err(|e| {
+            fatal(format!(
+                "the commit log {log} at {url} lacks the column {name} and adding it failed ({e}). Fix: run \
              ALTER TABLE {} ADD COLUMN {name} {ty} as its owner, after committing or rolling back the prepared \
              transactions that hold markers in it",
-            log.sql()
-        )));
+                log.sql()
+            ))
+        })
+}
+
+/// Adds `records` (optional) to an older commit log if that is possible at
+/// once; otherwise warns and goes on without it (tried again at the next
+/// start). Whether the commit log has it now.
+async fn try_add_records(client: &Client, url: &str, log: &QualifiedName) -> bool {
+    let (name, ty) = RECORDS;
+    match add_commit_log_column(client, log, RECORDS, "1s").await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(
+                table = %log, %url, %error,
+                "the commit log lacks the column {name}, and adding it now failed (prepared transactions hold \
+                 markers in it, or this role does not own it): markers are written without their record count, \
+                 so the duplicates of a fallback past them are not counted. Tried again at the next start; or run \
+                 ALTER TABLE {} ADD COLUMN {name} {ty} as its owner",
+                log.sql()
+            );
+            false
+        }
     }
-    tracing::info!(table = %log, "added the column {name} to the commit log");
-    Ok(())
 }
 
 /// The PostgreSQL types a configured type may be written to.
@@ -462,18 +504,20 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
 
     let table_fix =
         |key: &str| format!("drop or rename it so the sink can create it, or set sink.postgres.{key} to another table");
+    let mut marker_counts_records = false;
     match settings.mode {
         SinkMode::TwoPhase => {
             let mut log = existing(client, url, &settings.commit_log, "").await?;
-            let missing: Vec<_> = ADDED_COMMIT_LOG_COLUMNS
-                .into_iter()
-                .filter(|(name, _)| log.column(name).is_none())
-                .collect();
-            for column in &missing {
-                add_commit_log_column(client, url, &settings.commit_log, *column).await?;
-            }
-            if !missing.is_empty() {
+            if log.column(COMMITTED_AT.0).is_none() {
+                add_committed_at(client, url, &settings.commit_log).await?;
                 log = existing(client, url, &settings.commit_log, "").await?;
+            }
+            if log.column(RECORDS.0).is_none() && try_add_records(client, url, &settings.commit_log).await {
+                log = existing(client, url, &settings.commit_log, "").await?;
+            }
+            if log.column(RECORDS.0).is_some() {
+                log.require_columns(&[(RECORDS.0, Type::INT8)], &table_fix("commit_log_table"))?;
+                marker_counts_records = true;
             }
             log.require_columns(&COMMIT_LOG_COLUMNS, &table_fix("commit_log_table"))?;
             // DELETE: old markers are pruned (`commit_log_retention`).
@@ -509,6 +553,7 @@ pub(crate) async fn prepare_tables(client: &Client, settings: &Settings) -> Resu
         merge: None,
         upsert: None,
         insert_dead_letters_once: insert_dead_letters_once_sql(&settings.dead_letters),
+        marker_counts_records,
         columns,
     };
     if let (Some(key), SinkMode::Upsert | SinkMode::Fenced) = (&settings.upsert_key, settings.mode) {

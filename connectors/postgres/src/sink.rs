@@ -104,8 +104,9 @@ pub struct PostgresTransaction {
     next_seq: i64,
     /// The write connection it is open on (see `writer_generation`).
     generation: u64,
-    /// Records written into it (rows and dead letters), kept on its commit
-    /// marker: what a fallback past its checkpoint would write again.
+    /// Records a replay of it would write a second time (rows and dead
+    /// letters; with an upsert key, whose rows merge, the dead letters),
+    /// kept on its commit marker: the duplicates of a fallback past it.
     records: i64,
 }
 
@@ -552,8 +553,15 @@ impl TwoPhaseCommitSink for PostgresSink {
     async fn write(&mut self, txn: &mut PostgresTransaction, batch: &[Record]) -> Result<(), ConnectorError> {
         self.check_transaction(txn, "writing")?;
         let layout = self.layout()?;
-        txn.records += i64::try_from(batch.len()).unwrap_or(i64::MAX);
         let (mut rows, dead) = convert(batch, &layout.columns);
+        // What a replay would write a second time: every record, or with an
+        // upsert key (rows merge by key) only the dead letters.
+        let rewritten = if layout.merge.is_some() {
+            dead.len()
+        } else {
+            batch.len()
+        };
+        txn.records += i64::try_from(rewritten).unwrap_or(i64::MAX);
         if layout.merge.is_some() {
             for cells in &mut rows {
                 cells.splice(0..0, [Cell::Text(txn.gid.as_str().into()), Cell::BigInt(txn.next_seq)]);
@@ -603,30 +611,23 @@ impl TwoPhaseCommitSink for PostgresSink {
         // would run outside any transaction.
         self.check_transaction(&txn, "PREPARE TRANSACTION")?;
         self.finish_copy(txn.checkpoint).await?;
+        let counts_records = self.layout()?.marker_counts_records;
         let client = self.writer()?;
-        let marker = format!(
-            "INSERT INTO {} (gid, pipeline, sink_table, subtask, checkpoint, records) VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (gid) DO UPDATE SET pipeline = EXCLUDED.pipeline, sink_table = EXCLUDED.sink_table, \
-             subtask = EXCLUDED.subtask, checkpoint = EXCLUDED.checkpoint, records = EXCLUDED.records, \
-             prepared_at = now()",
-            self.settings().commit_log.sql()
-        );
+        let marker = marker_sql(&self.settings().commit_log, counts_records);
         let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
         let checkpoint = checkpoint_i64(txn.checkpoint);
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &txn.gid,
+            &self.subtask.context.pipeline,
+            &self.subtask.settings.table_label,
+            &subtask,
+            &checkpoint,
+        ];
+        if counts_records {
+            params.push(&txn.records);
+        }
         let result = async {
-            client
-                .execute(
-                    &marker,
-                    &[
-                        &txn.gid,
-                        &self.subtask.context.pipeline,
-                        &self.subtask.settings.table_label,
-                        &subtask,
-                        &checkpoint,
-                        &txn.records,
-                    ],
-                )
-                .await?;
+            client.execute(&marker, &params).await?;
             let prepare = format!("PREPARE TRANSACTION {}", quote_literal(&txn.gid));
             io_faults::after_sending(
                 client.batch_execute(&prepare),
@@ -696,26 +697,26 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// replays at or below the stored positions are dropped). Reads only.
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         self.connect_committer().await?;
-        let sql = format!(
-            "SELECT max(checkpoint), sum(records)::bigint, count(*) = count(records) FROM {} WHERE pipeline = $1 \
-             AND sink_table = $2 AND subtask % $3 = $4 AND checkpoint > $5",
-            self.settings().commit_log.sql()
-        );
+        let log = self.settings().commit_log.sql();
+        let filter =
+            format!("FROM {log} WHERE pipeline = $1 AND sink_table = $2 AND subtask % $3 = $4 AND checkpoint > $5");
+        let counted = format!("SELECT max(checkpoint), sum(records)::bigint, count(*) = count(records) {filter}");
+        let uncounted = format!("SELECT max(checkpoint), NULL::bigint, false {filter}");
         let parallelism = i32::try_from(self.subtask.context.parallelism.max(1)).unwrap_or(i32::MAX);
         let subtask = i32::try_from(self.subtask.context.subtask).unwrap_or(i32::MAX);
-        let later = self
-            .committer()
-            .query_one(
-                &sql,
-                &[
-                    &self.subtask.context.pipeline,
-                    &self.settings().table_label,
-                    &parallelism,
-                    &subtask,
-                    &checkpoint_i64(checkpoint),
-                ],
-            )
-            .await;
+        let after = checkpoint_i64(checkpoint);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &self.subtask.context.pipeline,
+            &self.settings().table_label,
+            &parallelism,
+            &subtask,
+            &after,
+        ];
+        let mut later = self.committer().query_one(&counted, &params).await;
+        if matches!(&later, Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN)) {
+            // A commit log from before markers counted records.
+            later = self.committer().query_one(&uncounted, &params).await;
+        }
         match later {
             Ok(row) => Ok(match row.get::<_, Option<i64>>(0) {
                 Some(later) => ReplayCheck::CommittedLater {
@@ -759,4 +760,22 @@ impl TwoPhaseCommitSink for PostgresSink {
             Err(e) => Err(self.pg_error("ROLLBACK", &e)),
         }
     }
+}
+
+/// The statement that writes a transaction's commit marker (`$1`..`$5`:
+/// gid, pipeline, table, subtask, checkpoint; `$6` the record count when
+/// the commit log has the column, see [`crate::schema::RECORDS`]). A marker
+/// left by an earlier attempt under the same gid is replaced.
+fn marker_sql(log: &crate::sql::QualifiedName, counts_records: bool) -> String {
+    let (column, value, update) = if counts_records {
+        (", records", ", $6", ", records = EXCLUDED.records")
+    } else {
+        ("", "", "")
+    };
+    format!(
+        "INSERT INTO {} (gid, pipeline, sink_table, subtask, checkpoint{column}) VALUES ($1, $2, $3, $4, $5{value}) \
+         ON CONFLICT (gid) DO UPDATE SET pipeline = EXCLUDED.pipeline, sink_table = EXCLUDED.sink_table, \
+         subtask = EXCLUDED.subtask, checkpoint = EXCLUDED.checkpoint{update}, prepared_at = now()",
+        log.sql()
+    )
 }

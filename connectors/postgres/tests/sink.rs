@@ -840,6 +840,64 @@ async fn an_older_commit_log_gets_committed_at_and_records_added() {
     assert_eq!(stamped, [true]);
 }
 
+/// A commit log from before markers counted records, while a prepared
+/// transaction (here another pipeline's) holds a marker in it: adding the
+/// column would wait for that transaction, so the sink starts without it
+/// (markers go uncounted, the replay check says it cannot count) instead of
+/// failing; the replay check also works before `recover` ran on it. Once
+/// nothing holds the table, the next start adds the column.
+#[tokio::test]
+async fn an_older_commit_log_held_by_a_prepared_transaction_starts_without_record_counts() {
+    let log = unique("held_log");
+    let f = Fixture::new("heldlog", &format!("commit_log_table = \"{log}\"\n{ID_NAME}")).await;
+    f.db.batch_execute(&format!(
+        "CREATE TABLE \"{log}\" (gid text PRIMARY KEY, pipeline text NOT NULL, sink_table text NOT NULL, \
+         subtask integer NOT NULL, checkpoint bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now(), \
+         committed_at timestamptz)"
+    ))
+    .await
+    .unwrap();
+    let holder = unique("other_pipeline_gid");
+    let other = client(f.pg.url()).await;
+    other
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO \"{log}\" (gid, pipeline, sink_table, subtask, checkpoint) \
+             VALUES ('{holder}', 'another pipeline', 't', 0, 1); PREPARE TRANSACTION '{holder}'"
+        ))
+        .await
+        .unwrap();
+
+    let (mut sink, _) = f.recovered(0, &[]).await;
+    let c = prepare(&mut sink, 4, &[people(0, 0, 2)]).await;
+    sink.commit(&c).await.unwrap();
+    let (mut fresh, _) = new_sink(&f.config, &f.pipeline, 0);
+    assert_eq!(
+        fresh.check_replay_after(CheckpointId(1)).await.unwrap(),
+        ReplayCheck::CommittedLater {
+            checkpoint: CheckpointId(4),
+            records: None
+        },
+        "a later commit is found, its records cannot be counted"
+    );
+    assert_eq!(f.count().await, 2);
+
+    f.db.batch_execute(&format!("ROLLBACK PREPARED '{holder}'"))
+        .await
+        .unwrap();
+    drop((sink, fresh));
+    let (mut restarted, _) = f.recovered(0, &[]).await;
+    let d = prepare(&mut restarted, 5, &[people(0, 2, 3)]).await;
+    restarted.commit(&d).await.unwrap();
+    assert_eq!(
+        restarted.check_replay_after(CheckpointId(4)).await.unwrap(),
+        ReplayCheck::CommittedLater {
+            checkpoint: CheckpointId(5),
+            records: Some(3)
+        },
+        "the next start added the column"
+    );
+}
+
 /// A checkpoint may list several transactions of a subtask (here checkpoint
 /// 1 failed, so the latest one lists the transactions of 1 and 2). A
 /// retention shorter than the time between their commits must not delete

@@ -235,8 +235,14 @@ impl<'p> Driver<'p> {
                             metrics.store_cleanup_failed();
                             warn!(checkpoint = %id, %error, "could not remove old checkpoint entries; retrying after the next checkpoint");
                         }
-                        // What is left may be restored; unknown if unlisted.
-                        restorable.set(store.list().ok().and_then(|l| super::region::oldest(&l)));
+                        // What is left may be restored. When the folder cannot
+                        // be listed, the value from before stays: the oldest
+                        // restorable checkpoint only rises, so it is still a
+                        // safe bound (unknown makes sinks fall back to rules
+                        // that protect only the latest checkpoint).
+                        if let Ok(left) = store.list() {
+                            restorable.set(super::region::oldest(&left));
+                        }
                     }
                     let _ = tx.send(Report::Persisted(id, result));
                 });
