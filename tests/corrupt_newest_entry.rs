@@ -146,6 +146,33 @@ impl Case {
         })
     }
 
+    /// What region 0 holds now, to compare after a refused start.
+    fn region_0_state(&self) -> ((i64, i64), Vec<String>) {
+        (self.rows_of_region(0), self.prepared_of(0))
+    }
+
+    /// A refused start left region 0 as `before` (from
+    /// [`region_0_state`](Self::region_0_state)).
+    fn assert_region_0_untouched(&self, before: &((i64, i64), Vec<String>)) {
+        let (rows, prepared) = self.region_0_state();
+        assert_eq!(rows, before.0, "rows written by the refused run");
+        assert_eq!(prepared, before.1, "prepared transactions touched by the refused run");
+    }
+
+    /// After an accepted fallback in region 0: its table rows hold exactly
+    /// `duplicates` duplicates, region 1's none, and every order is there.
+    fn assert_fallback_duplicated(&self, duplicates: i64, interval: &str) {
+        let (rows, distinct) = self.rows_of_region(0);
+        assert_eq!(rows - distinct, duplicates, "duplicates in region 0: {interval}");
+        let (rows1, distinct1) = self.rows_of_region(1);
+        assert_eq!(rows1, distinct1, "region 1 was not touched by the fallback");
+        assert_eq!(
+            distinct + distinct1,
+            ORDERS,
+            "every order is there (distinct partition, offset)"
+        );
+    }
+
     /// The pipeline's prepared transactions of sink subtask `subtask`.
     fn prepared_of(&self, subtask: usize) -> Vec<String> {
         prepared_of_pipeline(self.url(), &self.name)
@@ -206,8 +233,7 @@ fn a_corrupt_newest_entry_whose_transactions_were_committed_is_refused_unless_th
         marked.len() == 1 && marked[0].contains(&newest.file_name()),
         "checkpoints list marks the corrupt entry, and only it:\n{listing}"
     );
-    let rows_before = case.rows_of_region(0);
-    let prepared_before = case.prepared_of(0);
+    let before_refusal = case.region_0_state();
 
     // Refused: restoring the entry before it would write the newest
     // checkpoint's records again.
@@ -226,12 +252,7 @@ fn a_corrupt_newest_entry_whose_transactions_were_committed_is_refused_unless_th
             "--allow-fallback",
         ],
     );
-    assert_eq!(case.rows_of_region(0), rows_before, "rows written by the refused run");
-    assert_eq!(
-        case.prepared_of(0),
-        prepared_before,
-        "prepared transactions touched by the refused run"
-    );
+    case.assert_region_0_untouched(&before_refusal);
     assert!(newest_path.exists(), "the refused run set the entry aside");
 
     // Accepted with the flag: the newest interval is written again, and
@@ -252,19 +273,9 @@ fn a_corrupt_newest_entry_whose_transactions_were_committed_is_refused_unless_th
             &format!("duplicates={duplicates} records"),
         ],
     );
-    let (rows, distinct) = case.rows_of_region(0);
-    assert_eq!(
-        rows - distinct,
+    case.assert_fallback_duplicated(
         duplicates,
-        "duplicates in region 0: the records of checkpoint {}'s interval",
-        newest.checkpoint.id
-    );
-    let (rows1, distinct1) = case.rows_of_region(1);
-    assert_eq!(rows1, distinct1, "region 1 was not touched by the fallback");
-    assert_eq!(
-        distinct + distinct1,
-        ORDERS,
-        "every order is there (distinct partition, offset)"
+        &format!("the records of checkpoint {}'s interval", newest.checkpoint.id),
     );
     assert!(
         !newest_path.exists()
@@ -341,8 +352,7 @@ fn deleted_entries_of_committed_checkpoints_are_refused_unless_the_duplicates_ar
     for gone in entries.iter().filter(|n| n.id >= through) {
         std::fs::remove_file(case.entry_path(0, &read(gone))).unwrap();
     }
-    let rows_before = case.rows_of_region(0);
-    let prepared_before = case.prepared_of(0);
+    let before_refusal = case.region_0_state();
 
     let (status, _, log) = wait(spawn_with(&case.pipeline(true), &[], PLAIN), TIMEOUT);
     assert!(!status.success(), "the fallback was accepted:\n{log}");
@@ -355,29 +365,12 @@ fn deleted_entries_of_committed_checkpoints_are_refused_unless_the_duplicates_ar
             "--allow-fallback",
         ],
     );
-    assert_eq!(case.rows_of_region(0), rows_before, "rows written by the refused run");
-    assert_eq!(
-        case.prepared_of(0),
-        prepared_before,
-        "prepared transactions touched by the refused run"
-    );
+    case.assert_region_0_untouched(&before_refusal);
 
     feed.finish();
     let (status, _, log) = wait(spawn_with(&case.pipeline(true), &["--allow-fallback"], PLAIN), TIMEOUT);
     assert!(status.success(), "the run with --allow-fallback failed:\n{log}");
     assert_log_names(&log, &[&format!("duplicates={duplicates} records")]);
-    let (rows, distinct) = case.rows_of_region(0);
-    assert_eq!(
-        rows - distinct,
-        duplicates,
-        "duplicates in region 0: checkpoint {through}'s interval"
-    );
-    let (rows1, distinct1) = case.rows_of_region(1);
-    assert_eq!(rows1, distinct1, "region 1 was not touched by the fallback");
-    assert_eq!(
-        distinct + distinct1,
-        ORDERS,
-        "every order is there (distinct partition, offset)"
-    );
+    case.assert_fallback_duplicated(duplicates, &format!("checkpoint {through}'s interval"));
     assert_eq!(prepared_of_pipeline(case.url(), &case.name), Vec::<String>::new());
 }

@@ -140,6 +140,14 @@ async fn a_checkpoint_committed_before_the_stop_is_not_committed_again() {
     assert_eq!(recoveries.lock().unwrap().last(), Some(&listed));
 }
 
+/// Runs the pipeline in `root` until its source ends: its store and last
+/// checkpoint.
+async fn run_to_the_end(root: &std::path::Path, recoveries: &Recoveries) -> (FsCheckpointStore, CheckpointId) {
+    let (first, store) = pipeline(root, recoveries);
+    let summary = first.run(std::future::pending()).await.unwrap();
+    (store, summary.last_checkpoint.expect("a checkpoint completed"))
+}
+
 /// The file of entry `id` in `store`'s folder.
 fn entry_file(store: &FsCheckpointStore, id: CheckpointId) -> std::path::PathBuf {
     let names = store.list().unwrap();
@@ -155,13 +163,7 @@ fn entry_file(store: &FsCheckpointStore, id: CheckpointId) -> std::path::PathBuf
 async fn a_committed_checkpoint_whose_entry_is_gone_is_not_fallen_back_past_silently() {
     let root = tempfile::tempdir().unwrap();
     let recoveries = Recoveries::default();
-    let (first, store) = pipeline(root.path(), &recoveries);
-    let last = first
-        .run(std::future::pending())
-        .await
-        .unwrap()
-        .last_checkpoint
-        .unwrap();
+    let (store, last) = run_to_the_end(root.path(), &recoveries).await;
     assert_eq!(store.committed_through().unwrap(), Some(last));
     std::fs::remove_file(entry_file(&store, last)).unwrap();
     assert!(store.latest().unwrap().is_some_and(|e| e.checkpoint.id < last));
@@ -193,13 +195,7 @@ async fn a_committed_checkpoint_whose_entry_is_gone_is_not_fallen_back_past_sile
 async fn an_entry_set_aside_by_an_accepted_fallback_is_not_reported_gone() {
     let root = tempfile::tempdir().unwrap();
     let recoveries = Recoveries::default();
-    let (first, store) = pipeline(root.path(), &recoveries);
-    let last = first
-        .run(std::future::pending())
-        .await
-        .unwrap()
-        .last_checkpoint
-        .unwrap();
+    let (store, last) = run_to_the_end(root.path(), &recoveries).await;
     store
         .quarantine(&entry_file(&store, last).file_name().unwrap().to_string_lossy())
         .unwrap();
