@@ -358,10 +358,18 @@ impl Source for KafkaSource {
             return Ok(Poll::Finished);
         }
         self.discover(&consumer).await?;
-        let (settings, names) = (self.settings.clone(), self.names.clone());
-        let fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, &names, max_records.max(1)))
-            .await
-            .map_err(|e| ConnectorError::fatal(self.settings.context(), format!("poll panicked: {e}")))??;
+        let max = max_records.max(1);
+        // What librdkafka has fetched already is taken on this thread (a
+        // zero wait never blocks): no hand-over to a blocking thread and
+        // back per batch while records keep coming. Only an empty queue is
+        // waited for, on a blocking thread.
+        let mut fetched = fetch(&consumer, &self.settings, &self.names, max, Duration::ZERO)?;
+        if fetched.is_empty() {
+            let (settings, names) = (self.settings.clone(), self.names.clone());
+            fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, &names, max, POLL_WAIT))
+                .await
+                .map_err(|e| ConnectorError::fatal(self.settings.context(), format!("poll panicked: {e}")))??;
+        }
         let mut records = Vec::with_capacity(fetched.len());
         for (partition, record) in fetched {
             match self.next.get_mut(&partition) {
@@ -848,16 +856,17 @@ fn partition_list_with(topic: &str, partitions: &[i32], offset: Offset) -> Topic
     list
 }
 
-/// Up to `max` records: waits up to [`POLL_WAIT`] for the first, then takes
-/// what is already there. Non-fatal errors were logged and counted by the
-/// context; librdkafka retries them itself.
+/// Up to `max` records: waits up to `wait` for the first, then takes what
+/// is already there (with a zero `wait` it never blocks). Non-fatal errors
+/// were logged and counted by the context; librdkafka retries them itself.
 fn fetch(
     consumer: &KafkaConsumer,
     settings: &Settings,
     names: &Mutex<SplitNames>,
     max: usize,
+    wait: Duration,
 ) -> Result<Vec<(i32, Record)>, ConnectorError> {
-    let deadline = Instant::now() + POLL_WAIT;
+    let deadline = Instant::now() + wait;
     let mut names = names.lock().unwrap_or_else(|e| e.into_inner());
     let mut out = Vec::new();
     while out.len() < max {
