@@ -159,8 +159,8 @@ transactional_id_prefix = "{prefix}"
                 partition: r.topic_partition().expect("split <topic>-<partition>").1,
                 offset: r.offset,
                 timestamp: r.timestamp_ms,
-                key: r.key,
-                value: r.value,
+                key: r.key.map(|k| k.to_vec()),
+                value: r.value.to_vec(),
                 headers: r.headers,
             })
             .collect();
@@ -200,7 +200,7 @@ impl Output {
     fn values(&self) -> Vec<String> {
         self.records
             .iter()
-            .map(|r| String::from_utf8(r.value.clone()).unwrap())
+            .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
             .collect()
     }
 }

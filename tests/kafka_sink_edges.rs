@@ -196,7 +196,7 @@ impl Copy {
         });
         let mut consumed: Vec<String> = consumed
             .into_iter()
-            .map(|r| String::from_utf8(r.value).unwrap())
+            .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
             .collect();
         let mut committed: Vec<String> = read
             .records

@@ -270,7 +270,7 @@ fn kafka_to_kafka_over_sasl_ssl_commits_pending_transactions_with_end_txn_after_
     );
     let mut values: Vec<String> = consumed
         .iter()
-        .map(|r| String::from_utf8(r.value.clone()).unwrap())
+        .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
         .collect();
     assert_eq!(
         values.len(),

@@ -24,7 +24,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::client::{client_config, to_record, SplitNames};
+use crate::client::{client_config, RecordMaker};
 
 /// How long one admin request, delivery or read may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -325,7 +325,7 @@ impl KafkaAdmin {
             consumer.assign(&list).map_err(|e| e.to_string())?;
             let mut at_end = BTreeSet::new();
             let mut records = Vec::new();
-            let mut names = SplitNames::default();
+            let mut maker = RecordMaker::default();
             let deadline = Instant::now() + TIMEOUT;
             while at_end.len() < partitions.len() {
                 if Instant::now() > deadline {
@@ -334,7 +334,7 @@ impl KafkaAdmin {
                     ));
                 }
                 match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(m)) => records.push(to_record(&m, &mut names)),
+                    Some(Ok(m)) => records.push(maker.record(&m)),
                     Some(Err(KafkaError::PartitionEOF(p))) => {
                         at_end.insert(p);
                     }

@@ -428,12 +428,12 @@ pub(crate) fn message_parts<'r>(
     .into_iter();
     let key_bytes = match key {
         KeyFrom::Key => record.key.as_deref().map(Cow::Borrowed),
-        KeyFrom::Value => Some(Cow::Borrowed(record.value.as_slice())),
+        KeyFrom::Value => Some(Cow::Borrowed(&record.value[..])),
         KeyFrom::None => None,
         KeyFrom::Pointer(p) => pointed(answers.next().flatten(), p).map_err(|e| format!("`key`: {e}"))?,
     };
     let value_bytes = match value {
-        ValueFrom::Value => Some(Cow::Borrowed(record.value.as_slice())),
+        ValueFrom::Value => Some(Cow::Borrowed(&record.value[..])),
         ValueFrom::Pointer(p) => pointed(answers.next().flatten(), p).map_err(|e| format!("`value`: {e}"))?,
     };
     Ok((key_bytes, value_bytes))
@@ -1263,8 +1263,8 @@ mod tests {
                 .map(|(k, v)| (k.map(|k| k.into_owned()), v.map(|v| v.into_owned())))
         };
         let text = |s: &str| Some(s.as_bytes().to_vec());
-        assert_eq!(parts("key", "value"), Ok((text("k"), Some(record.value.clone()))));
-        assert_eq!(parts("value", "value").unwrap().0, Some(record.value.clone()));
+        assert_eq!(parts("key", "value"), Ok((text("k"), Some(record.value.to_vec()))));
+        assert_eq!(parts("value", "value").unwrap().0, Some(record.value.to_vec()));
         assert_eq!(parts("none", "value").unwrap().0, None);
         assert_eq!(parts("/id", "/name"), Ok((text("42"), text("ada"))));
         assert_eq!(parts("/name", "/tags"), Ok((text("ada"), text(r#"["x"]"#))));

@@ -13,8 +13,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 
 use crate::client::{
-    consumer_config, creation_error, is_fatal, to_record, KafkaSourceMetrics, KafkaSourceMetricsSnapshot,
-    SourceContext, SplitNames,
+    consumer_config, creation_error, is_fatal, KafkaSourceMetrics, KafkaSourceMetricsSnapshot, RecordMaker,
+    SourceContext,
 };
 use crate::config::{KafkaConfigError, KafkaSourceConfig, StartPosition};
 
@@ -142,7 +142,7 @@ impl KafkaSourceFactory {
             progress: Mutex::default(),
             committer: Arc::default(),
             end: None,
-            names: Arc::default(),
+            maker: Arc::default(),
         })
     }
 }
@@ -193,8 +193,8 @@ struct KafkaSource {
     committer: Arc<GroupCommitter>,
     /// With `stop_at_end`: the high watermark of every owned partition at start.
     end: Option<BTreeMap<i32, i64>>,
-    /// The split names records carry (locked once per poll).
-    names: Arc<Mutex<SplitNames>>,
+    /// Makes the records (locked once per poll).
+    maker: Arc<Mutex<RecordMaker>>,
 }
 
 impl KafkaSource {
@@ -363,10 +363,10 @@ impl Source for KafkaSource {
         // zero wait never blocks): no hand-over to a blocking thread and
         // back per batch while records keep coming. Only an empty queue is
         // waited for, on a blocking thread.
-        let mut fetched = fetch(&consumer, &self.settings, &self.names, max, Duration::ZERO)?;
+        let mut fetched = fetch(&consumer, &self.settings, &self.maker, max, Duration::ZERO)?;
         if fetched.is_empty() {
-            let (settings, names) = (self.settings.clone(), self.names.clone());
-            fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, &names, max, POLL_WAIT))
+            let (settings, maker) = (self.settings.clone(), self.maker.clone());
+            fetched = tokio::task::spawn_blocking(move || fetch(&consumer, &settings, &maker, max, POLL_WAIT))
                 .await
                 .map_err(|e| ConnectorError::fatal(self.settings.context(), format!("poll panicked: {e}")))??;
         }
@@ -862,12 +862,12 @@ fn partition_list_with(topic: &str, partitions: &[i32], offset: Offset) -> Topic
 fn fetch(
     consumer: &KafkaConsumer,
     settings: &Settings,
-    names: &Mutex<SplitNames>,
+    maker: &Mutex<RecordMaker>,
     max: usize,
     wait: Duration,
 ) -> Result<Vec<(i32, Record)>, ConnectorError> {
     let deadline = Instant::now() + wait;
-    let mut names = names.lock().unwrap_or_else(|e| e.into_inner());
+    let mut maker = maker.lock().unwrap_or_else(|e| e.into_inner());
     let mut out = Vec::new();
     while out.len() < max {
         let wait = if out.is_empty() {
@@ -876,7 +876,7 @@ fn fetch(
             Duration::ZERO
         };
         match consumer.poll(wait) {
-            Some(Ok(message)) => out.push((message.partition(), to_record(&message, &mut names))),
+            Some(Ok(message)) => out.push((message.partition(), maker.record(&message))),
             Some(Err(error)) if is_fatal(&error) => {
                 let detail = consumer
                     .client()

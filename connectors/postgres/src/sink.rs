@@ -572,7 +572,7 @@ impl TwoPhaseCommitSink for PostgresSink {
             self.stream_rows(&layout, &rows).await?;
             self.copy_bytes += batch
                 .iter()
-                .map(|r| r.value.len() + r.key.as_ref().map_or(0, Vec::len))
+                .map(|r| r.value.len() + r.key.as_ref().map_or(0, |k| k.len()))
                 .sum::<usize>();
             if self.copy_bytes >= COPY_SEGMENT_BYTES {
                 self.finish_copy(txn.checkpoint).await?;

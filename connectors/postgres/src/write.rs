@@ -155,7 +155,7 @@ impl Subtask {
             partition,
             Cell::BigInt(record.offset),
             record.key.as_deref().map_or(Cell::Null, |k| Cell::Bytes(k.into())),
-            Cell::Bytes(record.value.as_slice().into()),
+            Cell::Bytes(record.value[..].into()),
             Cell::Text(bad.error.replace('\0', "\\0").into()),
             Cell::BigInt(checkpoint),
         ]

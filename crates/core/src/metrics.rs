@@ -317,7 +317,7 @@ fn unix_ms_now() -> u64 {
 fn record_bytes(records: &[Record]) -> u64 {
     records
         .iter()
-        .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Vec::len)) as u64)
+        .map(|r| (r.value.len() + r.key.as_ref().map_or(0, |k| k.len())) as u64)
         .sum()
 }
 
@@ -574,7 +574,7 @@ mod tests {
     fn subtasks_count_records_and_bytes_apart() {
         let m = Metrics::default();
         let mut keyed = Record::new("s-0", 0, "abcd");
-        keyed.key = Some(b"k1".to_vec());
+        keyed.key = Some(b"k1".to_vec().into());
         m.source_read(1, &[keyed.clone(), Record::new("s-0", 1, "xy")]);
         m.sink_wrote(0, &[keyed]);
         m.set_pending_transactions(0, 2);

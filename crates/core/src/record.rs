@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::split_name::SplitName;
@@ -41,10 +42,14 @@ pub struct Record {
     /// Position of the record inside its split. The next record to read after this
     /// one is at `offset + 1`.
     pub offset: i64,
-    /// Optional key.
-    pub key: Option<Vec<u8>>,
-    /// Raw value bytes.
-    pub value: Vec<u8>,
+    /// Optional key. [`Bytes`] so that a source can hand out slices of one
+    /// buffer instead of an allocation per record; serialized as a list of
+    /// numbers, like a `Vec<u8>`.
+    #[serde(with = "bytes_as_list::optional")]
+    pub key: Option<Bytes>,
+    /// Raw value bytes (see `key`).
+    #[serde(with = "bytes_as_list")]
+    pub value: Bytes,
     /// Event or ingestion time in Unix milliseconds, when the source knows it.
     pub timestamp_ms: Option<i64>,
     /// Header name/value pairs, in source order.
@@ -53,7 +58,7 @@ pub struct Record {
 
 impl Record {
     /// A record with only split, offset and value set.
-    pub fn new(split: impl Into<SplitName>, offset: i64, value: impl Into<Vec<u8>>) -> Self {
+    pub fn new(split: impl Into<SplitName>, offset: i64, value: impl Into<Bytes>) -> Self {
         Record {
             split: split.into(),
             offset,
@@ -72,9 +77,37 @@ impl Record {
     }
 
     /// Sets the key.
-    pub fn with_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+    pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
         self.key = Some(key.into());
         self
+    }
+}
+
+/// Serde for [`Bytes`] fields in the form a `Vec<u8>` has (a list of
+/// numbers in JSON), so records written before the fields were [`Bytes`]
+/// (write-ahead spill files) read back the same.
+mod bytes_as_list {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+        bytes.as_ref().serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Bytes, D::Error> {
+        Vec::<u8>::deserialize(deserializer).map(Bytes::from)
+    }
+
+    pub mod optional {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(bytes: &Option<Bytes>, serializer: S) -> Result<S::Ok, S::Error> {
+            bytes.as_deref().serialize(serializer)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Bytes>, D::Error> {
+            Option::<Vec<u8>>::deserialize(deserializer).map(|v| v.map(Bytes::from))
+        }
     }
 }
 
@@ -105,5 +138,23 @@ impl SplitPositions {
     /// True when no split has a position.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_values_serialize_as_lists_of_numbers_like_before() {
+        let record = Record::new("orders-0", 3, "ab").with_key(b"k".to_vec());
+        let json = serde_json::to_string(&record).unwrap();
+        assert!(json.contains(r#""key":[107]"#), "{json}");
+        assert!(json.contains(r#""value":[97,98]"#), "{json}");
+        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), record);
+        let keyless = Record::new("orders-0", 4, "");
+        let json = serde_json::to_string(&keyless).unwrap();
+        assert!(json.contains(r#""key":null"#) && json.contains(r#""value":[]"#), "{json}");
+        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), keyless);
     }
 }
