@@ -267,7 +267,10 @@ mod tests {
         let key = buffer.copy(b"k1");
         let value = buffer.copy(b"{\"id\":1}");
         let next = buffer.copy(b"{\"id\":2}");
-        assert_eq!((&key[..], &value[..], &next[..]), (&b"k1"[..], &b"{\"id\":1}"[..], &b"{\"id\":2}"[..]));
+        assert_eq!(
+            (&key[..], &value[..], &next[..]),
+            (&b"k1"[..], &b"{\"id\":1}"[..], &b"{\"id\":2}"[..])
+        );
         // Consecutive slices of one allocation.
         assert_eq!(key.as_ptr().wrapping_add(key.len()), value.as_ptr());
         assert_eq!(value.as_ptr().wrapping_add(value.len()), next.as_ptr());

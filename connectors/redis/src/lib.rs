@@ -149,7 +149,11 @@ impl Extract {
     /// pointer of a record in one pass; ignored for the other kinds).
     fn apply(&self, record: &Record, answer: Option<Option<serde_json::Value>>) -> Result<Vec<u8>, String> {
         match self {
-            Extract::Key => record.key.as_deref().map(<[u8]>::to_vec).ok_or_else(|| "the record has no key".to_string()),
+            Extract::Key => record
+                .key
+                .as_deref()
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| "the record has no key".to_string()),
             Extract::Value => Ok(record.value.to_vec()),
             Extract::Split => Ok(record.split.as_bytes().to_vec()),
             Extract::Offset => Ok(record.offset.to_string().into_bytes()),

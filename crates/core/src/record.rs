@@ -154,7 +154,10 @@ mod tests {
         assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), record);
         let keyless = Record::new("orders-0", 4, "");
         let json = serde_json::to_string(&keyless).unwrap();
-        assert!(json.contains(r#""key":null"#) && json.contains(r#""value":[]"#), "{json}");
+        assert!(
+            json.contains(r#""key":null"#) && json.contains(r#""value":[]"#),
+            "{json}"
+        );
         assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), keyless);
     }
 }
