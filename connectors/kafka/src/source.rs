@@ -876,7 +876,13 @@ fn fetch(
             Duration::ZERO
         };
         match consumer.poll(wait) {
-            Some(Ok(message)) => out.push((message.partition(), maker.record(&message))),
+            Some(Ok(message)) => {
+                if out.is_empty() {
+                    // Room for a whole batch once one record came: no regrowing.
+                    out.reserve_exact(max);
+                }
+                out.push((message.partition(), maker.record(&message)))
+            }
             Some(Err(error)) if is_fatal(&error) => {
                 let detail = consumer
                     .client()

@@ -14,6 +14,7 @@ use crate::fault;
 use crate::metrics::Metrics;
 use crate::record::{Record, SplitPositions};
 use crate::source::{Poll, Source};
+use crate::split_name::SplitName;
 
 async fn send(output: &mpsc::Sender<Msg>, msg: Msg) -> Result<(), ConnectorError> {
     output
@@ -58,11 +59,39 @@ impl SourceTask {
         }
     }
 
+    /// Sends each record to the sink subtask of its split. A batch whose
+    /// records all go to one sink subtask is sent as it is; otherwise each
+    /// subtask's part is allocated once, at its size.
     async fn emit(&mut self, records: Vec<Record>) -> Result<(), ConnectorError> {
         let p = self.outputs.len();
-        let mut per_sink: Vec<Vec<Record>> = (0..p).map(|_| Vec::new()).collect();
-        for r in records {
-            per_sink[route(&r.split, p)].push(r);
+        if records.is_empty() {
+            return Ok(());
+        }
+        if p == 1 {
+            return send(&self.outputs[0], Msg::Records(records)).await;
+        }
+        // Records of a split mostly come in runs: its route is computed
+        // once per run.
+        let mut last: Option<(&SplitName, usize)> = None;
+        let routes: Vec<usize> = records
+            .iter()
+            .map(|r| match last {
+                Some((split, to)) if split.shares_with(&r.split) => to,
+                _ => {
+                    let to = route(&r.split, p);
+                    last = Some((&r.split, to));
+                    to
+                }
+            })
+            .collect();
+        let mut counts = vec![0usize; p];
+        routes.iter().for_each(|to| counts[*to] += 1);
+        if let Some(only) = counts.iter().position(|n| *n == records.len()) {
+            return send(&self.outputs[only], Msg::Records(records)).await;
+        }
+        let mut per_sink: Vec<Vec<Record>> = counts.iter().map(|n| Vec::with_capacity(*n)).collect();
+        for (r, to) in records.into_iter().zip(routes) {
+            per_sink[to].push(r);
         }
         for (i, batch) in per_sink.into_iter().enumerate() {
             if !batch.is_empty() {
