@@ -159,13 +159,15 @@ pub(crate) fn pointers_of(columns: &[ColumnSpec]) -> Vec<&JsonPointer> {
         .collect()
 }
 
-/// Converts a record into one cell per column, or explains every column
-/// that does not fit. `pointers`: [`pointers_of`] the columns.
+/// Converts a record into one cell per column, appended to `cells`, or
+/// explains every column that does not fit (and leaves `cells` as it was).
+/// `pointers`: [`pointers_of`] the columns.
 pub(crate) fn to_row<'a>(
     record: &'a Record,
     columns: &[ColumnSpec],
     pointers: &[&JsonPointer],
-) -> Result<Vec<Cell<'a>>, String> {
+    cells: &mut Vec<Cell<'a>>,
+) -> Result<(), String> {
     // Every pointer is answered in one pass over the value.
     let pointed = if pointers.is_empty() {
         Vec::new()
@@ -174,7 +176,7 @@ pub(crate) fn to_row<'a>(
             .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?
     };
     let mut pointed = pointed.iter();
-    let mut cells = Vec::with_capacity(columns.len());
+    let start = cells.len();
     let mut problems = Vec::new();
     for column in columns {
         // The pointer pass read the whole value as JSON already.
@@ -202,8 +204,9 @@ pub(crate) fn to_row<'a>(
         }
     }
     if problems.is_empty() {
-        Ok(cells)
+        Ok(())
     } else {
+        cells.truncate(start);
         Err(problems.join("; "))
     }
 }
@@ -528,7 +531,8 @@ mod tests {
 
     /// [`to_row`] with the pointers of `columns`, the cells owned.
     fn row(record: &Record, columns: &[ColumnSpec]) -> Result<Vec<Cell<'static>>, String> {
-        let cells = to_row(record, columns, &pointers_of(columns))?;
+        let mut cells = Vec::new();
+        to_row(record, columns, &pointers_of(columns), &mut cells)?;
         Ok(cells.into_iter().map(Cell::into_owned).collect())
     }
 
@@ -585,6 +589,23 @@ mod tests {
     }
 
     #[test]
+    fn a_record_that_does_not_fit_leaves_the_cells_as_they_were() {
+        let columns = [
+            ColumnSpec::plain("off", "offset", ColumnType::BigInt, true),
+            ColumnSpec::plain("id", "/id", ColumnType::BigInt, true),
+        ];
+        let pointers = pointers_of(&columns);
+        let (good, bad) = (
+            Record::new("orders-3", 1, r#"{"id":5}"#),
+            Record::new("orders-3", 2, r#"{"id":"x"}"#),
+        );
+        let mut cells = Vec::new();
+        to_row(&good, &columns, &pointers, &mut cells).unwrap();
+        assert!(to_row(&bad, &columns, &pointers, &mut cells).is_err());
+        assert_eq!(cells, [Cell::BigInt(1), Cell::BigInt(5)]);
+    }
+
+    #[test]
     fn keys_and_values_are_borrowed_from_the_record() {
         let record = Record::new("orders-3", 17, br#"{"id":5}"#.to_vec()).with_key(b"k-5".to_vec());
         let columns = [
@@ -593,7 +614,8 @@ mod tests {
             ColumnSpec::plain("b", "key", ColumnType::Bytea, true),
             ColumnSpec::plain("id", "/id", ColumnType::BigInt, true),
         ];
-        let cells = to_row(&record, &columns, &pointers_of(&columns)).unwrap();
+        let mut cells = Vec::new();
+        to_row(&record, &columns, &pointers_of(&columns), &mut cells).unwrap();
         assert!(matches!(&cells[0], Cell::Text(Cow::Borrowed("k-5"))), "{:?}", cells[0]);
         assert!(
             matches!(&cells[1], Cell::JsonText(Cow::Borrowed(r#"{"id":5}"#))),

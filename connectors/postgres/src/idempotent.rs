@@ -9,11 +9,10 @@ use async_trait::async_trait;
 use exactly_core::{ConnectorError, DeadLetter, FencedSink, IdempotentSink, Record, WriteOutcome};
 use tokio_postgres::{Client, Statement};
 
-use crate::convert::Cell;
 use crate::lock::{lock_subtasks, new_instance, SubtaskLock};
 use crate::schema::{advance_positions_sql, prepare_tables, read_positions_sql, Layout};
 use crate::sink::LOCK_TIMEOUT;
-use crate::write::{connect, convert, copy_in, execute_columns, BadRecord, Subtask};
+use crate::write::{connect, convert, copy_in, execute_columns, BadRecord, Rows, Subtask};
 
 /// One connection of a subtask in mode `upsert` or `fenced`, with the
 /// checked tables and the prepared upsert statement. Its session holds the
@@ -90,7 +89,7 @@ impl Session {
 
     /// Writes converted rows: upserted with the prepared statement when there
     /// is an upsert key, else appended with binary COPY.
-    async fn write_rows(&self, rows: Vec<Vec<Cell<'_>>>) -> Result<(), ConnectorError> {
+    async fn write_rows(&self, rows: Rows<'_>) -> Result<(), ConnectorError> {
         let (client, layout) = (self.client()?, self.layout()?);
         let written = match &self.upsert {
             Some(statement) => execute_columns(client, statement, rows).await,
@@ -108,7 +107,7 @@ impl Session {
         }
         let (client, layout) = (self.client()?, self.layout()?);
         // The adapters do not pass the checkpoint id: 0 (see DEAD_LETTER_COLUMNS).
-        let rows: Vec<Vec<Cell<'_>>> = bad.iter().map(|b| self.subtask.dead_letter_row(b, 0)).collect();
+        let rows: Rows<'_> = bad.iter().map(|b| self.subtask.dead_letter_row(b, 0)).collect();
         let written = if once {
             execute_columns(client, layout.insert_dead_letters_once.as_str(), rows).await
         } else {

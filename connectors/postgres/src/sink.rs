@@ -21,7 +21,7 @@ use crate::lock::{lock_subtasks, new_instance, SubtaskLock};
 use crate::markers::MarkerFloor;
 use crate::schema::{prepare_tables, Layout};
 use crate::sql::quote_literal;
-use crate::write::{connect, convert, copy_in, write_copy_rows, Subtask};
+use crate::write::{connect, convert, copy_in, write_copy_rows, Rows, Subtask};
 
 /// How long a write waits for a row or table lock before the checkpoint
 /// fails (instead of waiting forever behind a lock the sink itself must
@@ -317,7 +317,7 @@ impl PostgresSink {
 
     /// COPYs rows in binary format through the write connection, in one
     /// COPY that ends before this returns.
-    async fn copy(&self, sql: &str, types: &[Type], rows: &[Vec<Cell<'_>>], what: &str) -> Result<u64, ConnectorError> {
+    async fn copy(&self, sql: &str, types: &[Type], rows: &Rows<'_>, what: &str) -> Result<u64, ConnectorError> {
         let result = copy_in(self.writer()?, sql, types, rows).await;
         result.map_err(|e| self.pg_error(what, &e))
     }
@@ -325,7 +325,7 @@ impl PostgresSink {
     /// Streams rows into the transaction's open COPY of rows, starting it
     /// if needed. Returns once the rows are handed to the connection; an
     /// error PostgreSQL finds in them surfaces when the COPY is finished.
-    async fn stream_rows(&mut self, layout: &Layout, rows: &[Vec<Cell<'_>>]) -> Result<(), ConnectorError> {
+    async fn stream_rows(&mut self, layout: &Layout, rows: &Rows<'_>) -> Result<(), ConnectorError> {
         if self.copy.is_none() {
             let sink = self.writer()?.copy_in(layout.copy_rows.as_str()).await;
             let sink = sink.map_err(|e| self.pg_error("COPY of rows", &e))?;
@@ -563,10 +563,10 @@ impl TwoPhaseCommitSink for PostgresSink {
         };
         txn.records += i64::try_from(rewritten).unwrap_or(i64::MAX);
         if layout.merge.is_some() {
-            for cells in &mut rows {
-                cells.splice(0..0, [Cell::Text(txn.gid.as_str().into()), Cell::BigInt(txn.next_seq)]);
+            rows = rows.prefixed(|| {
                 txn.next_seq += 1;
-            }
+                [Cell::Text(txn.gid.as_str().into()), Cell::BigInt(txn.next_seq - 1)]
+            });
         }
         if !rows.is_empty() {
             self.stream_rows(&layout, &rows).await?;
@@ -583,7 +583,7 @@ impl TwoPhaseCommitSink for PostgresSink {
         if !dead.is_empty() {
             self.finish_copy(txn.checkpoint).await?;
             let checkpoint = checkpoint_i64(txn.checkpoint);
-            let dead_rows: Vec<Vec<Cell<'_>>> = dead
+            let dead_rows: Rows<'_> = dead
                 .iter()
                 .map(|d| self.subtask.dead_letter_row(d, checkpoint))
                 .collect();

@@ -35,19 +35,79 @@ pub(crate) struct BadRecord<'a> {
     pub error: String,
 }
 
+/// Rows of the same width, their cells one after the other in one
+/// vector: one allocation per batch instead of one per row.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Rows<'a> {
+    cells: Vec<Cell<'a>>,
+    width: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// No rows yet, each to have `width` cells.
+    pub fn new(width: usize) -> Rows<'a> {
+        Rows {
+            cells: Vec::new(),
+            width,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.cells.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// The rows, each a slice of `width` cells.
+    pub fn iter(&self) -> impl Iterator<Item = &[Cell<'a>]> {
+        self.cells.chunks_exact(self.width.max(1))
+    }
+
+    /// The same rows, each starting with the cells `prefix` returns for it.
+    pub fn prefixed<const N: usize>(self, mut prefix: impl FnMut() -> [Cell<'a>; N]) -> Rows<'a> {
+        let rows = self.len();
+        let mut cells = Vec::with_capacity(rows * (self.width + N));
+        let mut old = self.cells.into_iter();
+        for _ in 0..rows {
+            cells.extend(prefix());
+            cells.extend(old.by_ref().take(self.width));
+        }
+        Rows {
+            cells,
+            width: self.width + N,
+        }
+    }
+}
+
+/// Rows from whole rows; the first one gives the width.
+impl<'a> FromIterator<Vec<Cell<'a>>> for Rows<'a> {
+    fn from_iter<I: IntoIterator<Item = Vec<Cell<'a>>>>(rows: I) -> Rows<'a> {
+        let mut all = Rows::default();
+        for row in rows {
+            debug_assert!(all.cells.is_empty() || row.len() == all.width, "rows of one width");
+            all.width = row.len();
+            all.cells.extend(row);
+        }
+        all
+    }
+}
+
 /// Converts every record: rows for the good ones (borrowing from the
 /// records), the reason for the others.
 pub(crate) fn convert<'a>(
     records: impl IntoIterator<Item = &'a Record>,
     columns: &[ColumnSpec],
-) -> (Vec<Vec<Cell<'a>>>, Vec<BadRecord<'a>>) {
+) -> (Rows<'a>, Vec<BadRecord<'a>>) {
     let pointers = pointers_of(columns);
-    let mut rows = Vec::new();
+    let records = records.into_iter();
+    let mut rows = Rows::new(columns.len());
+    rows.cells.reserve(records.size_hint().0 * columns.len());
     let mut bad = Vec::new();
     for record in records {
-        match to_row(record, columns, &pointers) {
-            Ok(cells) => rows.push(cells),
-            Err(error) => bad.push(BadRecord { record, error }),
+        if let Err(error) = to_row(record, columns, &pointers, &mut rows.cells) {
+            bad.push(BadRecord { record, error });
         }
     }
     (rows, bad)
@@ -58,7 +118,7 @@ pub(crate) async fn copy_in(
     client: &Client,
     sql: &str,
     types: &[Type],
-    rows: &[Vec<Cell<'_>>],
+    rows: &Rows<'_>,
 ) -> Result<u64, tokio_postgres::Error> {
     let sink = client.copy_in(sql).await?;
     let writer = BinaryCopyInWriter::new(sink, types);
@@ -70,9 +130,9 @@ pub(crate) async fn copy_in(
 /// Writes rows into a COPY in progress.
 pub(crate) async fn write_copy_rows(
     mut writer: std::pin::Pin<&mut BinaryCopyInWriter>,
-    rows: &[Vec<Cell<'_>>],
+    rows: &Rows<'_>,
 ) -> Result<(), tokio_postgres::Error> {
-    for row in rows {
+    for row in rows.iter() {
         writer.as_mut().write_raw(row.iter()).await?;
     }
     Ok(())
@@ -83,14 +143,12 @@ pub(crate) async fn write_copy_rows(
 pub(crate) async fn execute_columns<T: ?Sized + ToStatement>(
     client: &Client,
     statement: &T,
-    rows: Vec<Vec<Cell<'_>>>,
+    rows: Rows<'_>,
 ) -> Result<u64, tokio_postgres::Error> {
-    let width = rows.first().map_or(0, Vec::len);
-    let mut columns: Vec<Vec<Cell<'_>>> = (0..width).map(|_| Vec::with_capacity(rows.len())).collect();
-    for row in rows {
-        for (column, cell) in columns.iter_mut().zip(row) {
-            column.push(cell);
-        }
+    let (width, height) = (rows.width, rows.len());
+    let mut columns: Vec<Vec<Cell<'_>>> = (0..width).map(|_| Vec::with_capacity(height)).collect();
+    for (i, cell) in rows.cells.into_iter().enumerate() {
+        columns[i % width].push(cell);
     }
     let params: Vec<&(dyn ToSql + Sync)> = columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
     client.execute(statement, &params).await
@@ -159,5 +217,36 @@ impl Subtask {
             Cell::Text(bad.error.replace('\0', "\\0").into()),
             Cell::BigInt(checkpoint),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_share_one_vector_and_take_prefixes() {
+        let rows: Rows<'_> = vec![vec![Cell::Int(1), Cell::Int(2)], vec![Cell::Int(3), Cell::Int(4)]]
+            .into_iter()
+            .collect();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            rows.iter().collect::<Vec<_>>(),
+            [&[Cell::Int(1), Cell::Int(2)][..], &[Cell::Int(3), Cell::Int(4)][..]]
+        );
+        let mut seq = 0;
+        let prefixed = rows.prefixed(|| {
+            seq += 1;
+            [Cell::BigInt(seq)]
+        });
+        assert_eq!(
+            prefixed.iter().collect::<Vec<_>>(),
+            [
+                &[Cell::BigInt(1), Cell::Int(1), Cell::Int(2)][..],
+                &[Cell::BigInt(2), Cell::Int(3), Cell::Int(4)][..]
+            ]
+        );
+        assert!(Rows::new(3).is_empty());
+        assert_eq!(Rows::new(3).len(), 0);
     }
 }
