@@ -814,18 +814,25 @@ async fn recovery_after_a_long_downtime_finds_every_marker_it_needs() {
     assert_eq!(f.count().await, 2);
 }
 
+/// A fixture whose commit log was created by an older release: the first
+/// columns, then `more` (SQL, e.g. `, committed_at timestamptz`).
+async fn with_older_commit_log(prefix: &str, more: &str) -> (Fixture, String) {
+    let log = unique(&format!("{prefix}_log"));
+    let f = Fixture::new(prefix, &format!("commit_log_table = \"{log}\"\n{ID_NAME}")).await;
+    f.db.batch_execute(&format!(
+        "CREATE TABLE \"{log}\" (gid text PRIMARY KEY, pipeline text NOT NULL, sink_table text NOT NULL, \
+         subtask integer NOT NULL, checkpoint bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now(){more})"
+    ))
+    .await
+    .unwrap();
+    (f, log)
+}
+
 /// A commit log created before `committed_at` and `records` existed gets
 /// the columns at start; commits stamp the time, markers count the records.
 #[tokio::test]
 async fn an_older_commit_log_gets_committed_at_and_records_added() {
-    let log = unique("old_log");
-    let f = Fixture::new("oldlog", &format!("commit_log_table = \"{log}\"\n{ID_NAME}")).await;
-    f.db.batch_execute(&format!(
-        "CREATE TABLE \"{log}\" (gid text PRIMARY KEY, pipeline text NOT NULL, sink_table text NOT NULL, \
-         subtask integer NOT NULL, checkpoint bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())"
-    ))
-    .await
-    .unwrap();
+    let (f, log) = with_older_commit_log("oldlog", "").await;
     let (mut sink, _) = f.recovered(0, &[]).await;
     let c = prepare(&mut sink, 1, &[people(0, 0, 2), people(0, 2, 1)]).await;
     sink.commit(&c).await.unwrap();
@@ -848,15 +855,7 @@ async fn an_older_commit_log_gets_committed_at_and_records_added() {
 /// nothing holds the table, the next start adds the column.
 #[tokio::test]
 async fn an_older_commit_log_held_by_a_prepared_transaction_starts_without_record_counts() {
-    let log = unique("held_log");
-    let f = Fixture::new("heldlog", &format!("commit_log_table = \"{log}\"\n{ID_NAME}")).await;
-    f.db.batch_execute(&format!(
-        "CREATE TABLE \"{log}\" (gid text PRIMARY KEY, pipeline text NOT NULL, sink_table text NOT NULL, \
-         subtask integer NOT NULL, checkpoint bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now(), \
-         committed_at timestamptz)"
-    ))
-    .await
-    .unwrap();
+    let (f, log) = with_older_commit_log("heldlog", ", committed_at timestamptz").await;
     let holder = unique("other_pipeline_gid");
     let other = client(f.pg.url()).await;
     other
