@@ -29,8 +29,13 @@ use common::*;
 use exactly::core::{CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore};
 use exactly_testkit::{KafkaBroker, PostgresServer};
 
-/// A feed of at least 3 s (50 orders every 25 ms).
-const ORDERS: i64 = 6_000;
+/// A feed of at least 5 s (50 orders every 25 ms).
+const ORDERS: i64 = 10_000;
+
+/// The checkpoint interval: long enough that every interval of a region
+/// holds records of the feed even when the machine stalls it for a moment
+/// (the tests need the killed checkpoint's interval to have written some).
+const INTERVAL: &str = "150ms";
 
 /// Longest a run may take.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -63,6 +68,17 @@ impl Case {
         }
     }
 
+    /// A case whose feed of orders runs while the pipeline, reading it as
+    /// it grows, persists region 0's 12th checkpoint and is SIGKILLed before
+    /// committing it; the feed is still running.
+    fn killed_between_persist_and_commit(prefix: &str) -> (Case, Feed) {
+        let case = Case::new(prefix);
+        let feed = Feed::start(case.kafka.bootstrap(), &case.topic, ORDERS);
+        run_killed_within(&case.pipeline(false), "coordinator.after_persist@0:12", &[], TIMEOUT);
+        assert!(feed.is_running(), "the input was complete before the crash");
+        (case, feed)
+    }
+
     fn url(&self) -> &str {
         self.pg.url()
     }
@@ -76,7 +92,7 @@ impl Case {
             &self.name,
             PARALLELISM,
             "checkpoints",
-            "50ms",
+            INTERVAL,
             (self.kafka.bootstrap(), &self.topic),
             (self.url(), &self.table),
             bounded,
@@ -203,12 +219,9 @@ fn assert_log_names(log: &str, parts: &[&str]) {
 
 #[test]
 fn a_corrupt_newest_entry_whose_transactions_were_committed_is_refused_unless_the_duplicates_are_accepted() {
-    let case = Case::new("corrupt_committed");
-    let feed = Feed::start(case.kafka.bootstrap(), &case.topic, ORDERS);
-
-    // Region 0 persists its 20th checkpoint and dies before committing it;
-    // the next run's recovery commits what it lists and dies right after.
-    run_killed_within(&case.pipeline(false), "coordinator.after_persist@0:20", &[], TIMEOUT);
+    // The next run's recovery commits what the persisted checkpoint lists
+    // and dies right after.
+    let (case, feed) = Case::killed_between_persist_and_commit("corrupt_committed");
     run_killed_within(&case.pipeline(false), "recovery.after_commit@0:1", &[], TIMEOUT);
     assert!(feed.is_running(), "the input was complete before the crashes");
     let (newest, before) = case.newest_two(0);
@@ -289,12 +302,7 @@ fn a_corrupt_newest_entry_whose_transactions_were_committed_is_refused_unless_th
 
 #[test]
 fn a_corrupt_newest_entry_whose_transactions_were_only_prepared_falls_back_exactly_once() {
-    let case = Case::new("corrupt_prepared");
-    let feed = Feed::start(case.kafka.bootstrap(), &case.topic, ORDERS);
-
-    // Region 0 persists its 20th checkpoint and dies before committing it.
-    run_killed_within(&case.pipeline(false), "coordinator.after_persist@0:20", &[], TIMEOUT);
-    assert!(feed.is_running(), "the input was complete before the crash");
+    let (case, feed) = Case::killed_between_persist_and_commit("corrupt_prepared");
     let (newest, before) = case.newest_two(0);
     let id = newest.checkpoint.id.0 as i64;
     assert!(
@@ -331,10 +339,7 @@ fn a_corrupt_newest_entry_whose_transactions_were_only_prepared_falls_back_exact
 
 #[test]
 fn deleted_entries_of_committed_checkpoints_are_refused_unless_the_duplicates_are_accepted() {
-    let case = Case::new("deleted_committed");
-    let feed = Feed::start(case.kafka.bootstrap(), &case.topic, ORDERS);
-    run_killed_within(&case.pipeline(false), "coordinator.after_persist@0:20", &[], TIMEOUT);
-    assert!(feed.is_running(), "the input was complete before the crash");
+    let (case, feed) = Case::killed_between_persist_and_commit("deleted_committed");
 
     // Every entry from the newest committed checkpoint on goes.
     let store = case.store(0);

@@ -86,7 +86,7 @@ impl<'a> FromIterator<Vec<Cell<'a>>> for Rows<'a> {
     fn from_iter<I: IntoIterator<Item = Vec<Cell<'a>>>>(rows: I) -> Rows<'a> {
         let mut all = Rows::default();
         for row in rows {
-            debug_assert!(all.cells.is_empty() || row.len() == all.width, "rows of one width");
+            assert!(all.cells.is_empty() || row.len() == all.width, "rows of one width");
             all.width = row.len();
             all.cells.extend(row);
         }

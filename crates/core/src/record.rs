@@ -43,12 +43,11 @@ pub struct Record {
     /// one is at `offset + 1`.
     pub offset: i64,
     /// Optional key. [`Bytes`] so that a source can hand out slices of one
-    /// buffer instead of an allocation per record; serialized as a list of
-    /// numbers, like a `Vec<u8>`.
-    #[serde(with = "bytes_as_list::optional")]
+    /// buffer instead of an allocation per record; serialized as bytes,
+    /// which JSON writes as a list of numbers, as it wrote the `Vec<u8>` of
+    /// earlier releases.
     pub key: Option<Bytes>,
     /// Raw value bytes (see `key`).
-    #[serde(with = "bytes_as_list")]
     pub value: Bytes,
     /// Event or ingestion time in Unix milliseconds, when the source knows it.
     pub timestamp_ms: Option<i64>,
@@ -80,34 +79,6 @@ impl Record {
     pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
         self.key = Some(key.into());
         self
-    }
-}
-
-/// Serde for [`Bytes`] fields in the form a `Vec<u8>` has (a list of
-/// numbers in JSON), so records written before the fields were [`Bytes`]
-/// (write-ahead spill files) read back the same.
-mod bytes_as_list {
-    use bytes::Bytes;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(bytes: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
-        bytes.as_ref().serialize(serializer)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Bytes, D::Error> {
-        Vec::<u8>::deserialize(deserializer).map(Bytes::from)
-    }
-
-    pub mod optional {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(bytes: &Option<Bytes>, serializer: S) -> Result<S::Ok, S::Error> {
-            bytes.as_deref().serialize(serializer)
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Bytes>, D::Error> {
-            Option::<Vec<u8>>::deserialize(deserializer).map(|v| v.map(Bytes::from))
-        }
     }
 }
 

@@ -71,8 +71,9 @@ impl Pipeline {
     }
 
     /// Restoring the newest readable entry falls back past unreadable newer
-    /// ones, or past a committed checkpoint whose entry is gone: allowed when nothing a later checkpoint committed would be
-    /// written again — the store's committed-through record is not past the
+    /// ones, or past a committed checkpoint whose entry is gone: allowed when
+    /// nothing a later checkpoint committed would be written again — the
+    /// store's committed-through record is not past the
     /// restored checkpoint and every sink subtask proves it (or its writes
     /// are replay-safe) — or when `allow_fallback` accepts the duplicates.
     /// The unreadable entries are then set aside.
@@ -160,8 +161,8 @@ fn why_unreadable(store: &Arc<dyn CheckpointStore>, name: &str) -> String {
 /// theirs.
 #[derive(Debug, Default)]
 struct Duplicates {
-    counted: u64,
-    any_counted: bool,
+    /// The sum of the counts, `None` while no sink counted.
+    counted: Option<u64>,
     uncounted: Vec<usize>,
 }
 
@@ -171,17 +172,9 @@ impl Duplicates {
             ReplayCheck::Safe => {}
             ReplayCheck::CommittedLater {
                 records: Some(records), ..
-            } => {
-                self.counted += records;
-                self.any_counted = true;
-            }
+            } => self.counted = Some(self.counted.unwrap_or(0) + records),
             ReplayCheck::CommittedLater { records: None, .. } | ReplayCheck::Unknown => self.uncounted.push(subtask),
         }
-    }
-
-    /// The records counted, if any sink counted.
-    fn counted(&self) -> Option<u64> {
-        self.any_counted.then_some(self.counted)
     }
 }
 
@@ -189,7 +182,7 @@ impl std::fmt::Display for Duplicates {
     /// `1234 records`, `at least 1234 records (sink subtasks [1] cannot count theirs)`,
     /// or `unknown (sink subtasks [0, 1] cannot count theirs)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.counted(), self.uncounted.is_empty()) {
+        match (self.counted, self.uncounted.is_empty()) {
             (Some(n), true) => write!(f, "{n} records"),
             (Some(n), false) => write!(
                 f,
@@ -225,7 +218,7 @@ mod tests {
                 records: Some(30),
             },
         );
-        assert_eq!((d.counted(), d.to_string()), (Some(150), "150 records".to_string()));
+        assert_eq!((d.counted, d.to_string()), (Some(150), "150 records".to_string()));
         d.add(3, ReplayCheck::Unknown);
         d.add(4, ReplayCheck::committed_later(CheckpointId(8)));
         assert_eq!(
