@@ -15,16 +15,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use exactly_core::Record;
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::client::{client_config, RecordMaker};
+use crate::client::client_config;
+use crate::source::split_name;
 
 /// How long one admin request, delivery or read may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -325,7 +327,6 @@ impl KafkaAdmin {
             consumer.assign(&list).map_err(|e| e.to_string())?;
             let mut at_end = BTreeSet::new();
             let mut records = Vec::new();
-            let mut maker = RecordMaker::default();
             let deadline = Instant::now() + TIMEOUT;
             while at_end.len() < partitions.len() {
                 if Instant::now() > deadline {
@@ -334,7 +335,7 @@ impl KafkaAdmin {
                     ));
                 }
                 match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(m)) => records.push(maker.record(&m)),
+                    Some(Ok(m)) => records.push(record_of(&m)),
                     Some(Err(KafkaError::PartitionEOF(p))) => {
                         at_end.insert(p);
                     }
@@ -349,6 +350,23 @@ impl KafkaAdmin {
         let mut records = read.map_err(|e| self.error(&action, e))?;
         records.sort_by(|a, b| (a.topic_partition(), a.offset).cmp(&(b.topic_partition(), b.offset)));
         Ok(records)
+    }
+}
+
+/// A consumed message as a [`Record`] of split `<topic>-<partition>` (a
+/// header without a value becomes an empty value).
+fn record_of(message: &BorrowedMessage<'_>) -> Record {
+    Record {
+        split: split_name(message.topic(), message.partition()).into(),
+        offset: message.offset(),
+        key: message.key().map(Bytes::copy_from_slice),
+        value: message.payload().map(Bytes::copy_from_slice).unwrap_or_default(),
+        timestamp_ms: message.timestamp().to_millis(),
+        headers: message.headers().map_or_else(Vec::new, |h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
+                .collect()
+        }),
     }
 }
 

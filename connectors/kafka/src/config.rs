@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use exactly_kafka_wire::{FetchSettings, WireConfig, WireError, CLIENT_PROPERTIES, FETCH_PROPERTIES};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
@@ -12,7 +13,7 @@ pub const DEFAULT_PARTITION_DISCOVERY_INTERVAL: Duration = Duration::from_secs(1
 /// Default of `startup_timeout`.
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// librdkafka settings the source sets itself, and what to use instead.
+/// Client settings the source sets itself, and what to use instead.
 const RESERVED_PROPERTIES: &[(&str, &str)] = &[
     ("bootstrap.servers", "set `bootstrap` instead"),
     ("metadata.broker.list", "set `bootstrap` instead"),
@@ -46,7 +47,7 @@ const RESERVED_PROPERTIES: &[(&str, &str)] = &[
 /// startup_timeout = "30s"               # default: "30s"
 /// # accept_cluster_id = "MkU3OEVBNTcwNTJENDM2Qk"  # resume offsets of another cluster on this one
 ///
-/// [source.kafka.properties]             # extra librdkafka consumer settings
+/// [source.kafka.properties]             # client settings: security, fetching
 /// "fetch.max.bytes" = "1048576"
 /// ```
 ///
@@ -101,13 +102,28 @@ pub struct KafkaSourceConfig {
     /// admits that one cluster only.
     #[serde(default)]
     pub accept_cluster_id: Option<String>,
-    /// Extra librdkafka consumer settings (`"fetch.max.bytes" = "1048576"`);
-    /// strings, numbers and booleans are accepted. Settings the source owns are
-    /// rejected by [`validate`](Self::validate). Defaults that differ from
-    /// librdkafka's: `auto.offset.reset = "earliest"`,
-    /// `queued.max.messages.kbytes = 4096` (each subtask queues about 4 MiB
-    /// fetched ahead, instead of 64 MiB) and `fetch.queue.backoff.ms = 10`
-    /// (fetching resumes 10 ms after the queue was full, instead of 1 s).
+    /// Client settings, under librdkafka's names; strings, numbers and
+    /// booleans are accepted. The source reads with Kafka's protocol itself
+    /// (not librdkafka), and takes:
+    ///
+    /// - security: `security.protocol`, `sasl.mechanism`, `sasl.username`,
+    ///   `sasl.password`, `ssl.ca.location`, `ssl.ca.pem`,
+    ///   `ssl.certificate.location`, `ssl.key.location`,
+    ///   `ssl.endpoint.identification.algorithm`,
+    ///   `enable.ssl.certificate.verification` (see
+    ///   [`exactly_kafka_wire::WireConfig::from_properties`]);
+    /// - connections: `client.id`, `request.timeout.ms`,
+    ///   `socket.timeout.ms`, `socket.connection.setup.timeout.ms`;
+    /// - fetching: `fetch.wait.max.ms` (500), `fetch.min.bytes` (1),
+    ///   `fetch.max.bytes` (1 MiB), `max.partition.fetch.bytes` (1 MiB),
+    ///   `queued.max.messages.kbytes` (4096: each subtask reads about 4 MiB
+    ///   ahead), `auto.offset.reset` (`earliest`), `fetch.error.backoff.ms`
+    ///   (100), `reconnect.backoff.max.ms` (1000) (see
+    ///   [`exactly_kafka_wire::FetchSettings`]);
+    /// - `check.crcs`: accepted; batches' CRCs are always checked.
+    ///
+    /// Any other key, and the settings the source owns, are refused by
+    /// [`validate`](Self::validate), naming the key.
     #[serde(default, deserialize_with = "de_properties")]
     pub properties: BTreeMap<String, String>,
 }
@@ -388,8 +404,44 @@ impl KafkaSourceConfig {
         if self.startup_timeout.is_zero() {
             return invalid("startup_timeout", "must be greater than 0s; write e.g. \"30s\"");
         }
-        check_properties(&self.properties, RESERVED_PROPERTIES, "source")
+        check_properties(&self.properties, RESERVED_PROPERTIES, "source")?;
+        if let Some(key) = self.properties.keys().find(|key| !source_reads(key)) {
+            return invalid(
+                format!("properties.\"{key}\""),
+                "is not a setting of the Kafka source: it reads with Kafka's protocol itself, not librdkafka, and \
+                 takes security settings (security.protocol, sasl.*, ssl.*), client.id, request.timeout.ms, \
+                 socket.timeout.ms, socket.connection.setup.timeout.ms and the fetch settings fetch.wait.max.ms, \
+                 fetch.min.bytes, fetch.max.bytes, max.partition.fetch.bytes, queued.max.messages.kbytes, \
+                 auto.offset.reset, fetch.error.backoff.ms, reconnect.backoff.max.ms; remove it",
+            );
+        }
+        self.client_settings().map(|_| ())
     }
+
+    /// How the source reaches the brokers and fetches, from `bootstrap`
+    /// and `properties`. A malformed value is an error naming its key.
+    pub(crate) fn client_settings(&self) -> Result<(WireConfig, FetchSettings), KafkaConfigError> {
+        let wrong = |error: WireError| {
+            let key = match &error {
+                WireError::InvalidConfig { key, .. } if key == "bootstrap.servers" => "bootstrap".to_string(),
+                WireError::InvalidConfig { key, .. } => format!("properties.\"{key}\""),
+                _ => "properties".to_string(),
+            };
+            KafkaConfigError {
+                connector: "source",
+                key,
+                problem: format!("is not usable: {error}"),
+            }
+        };
+        let wire = WireConfig::from_properties(&self.bootstrap, &self.properties).map_err(wrong)?;
+        let fetch = FetchSettings::from_properties(&self.properties).map_err(wrong)?;
+        Ok((wire, fetch))
+    }
+}
+
+/// Whether the source takes the client setting `key`.
+fn source_reads(key: &str) -> bool {
+    CLIENT_PROPERTIES.contains(&key) || FETCH_PROPERTIES.contains(&key) || key == "check.crcs"
 }
 
 /// `HOST:PORT[,HOST:PORT...]`.

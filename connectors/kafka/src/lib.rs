@@ -9,7 +9,9 @@
 //!   Partition `p` of the topic belongs to subtask `p % parallelism` and is
 //!   assigned explicitly; splits are named `<topic>-<partition>`; records are
 //!   read with `read_committed`; new partitions are picked up and read from
-//!   their beginning.
+//!   their beginning. The source speaks Kafka's protocol itself
+//!   ([`exactly_kafka_wire::Fetcher`]): no librdkafka consumer, no copy of
+//!   a key or value on the way to the sink.
 //! - [`KafkaSinkConfig`] / [`KafkaSinkFactory`]: the `[sink.kafka]` settings
 //!   and the transactional sink (see [below](#the-sink)).
 //! - [`admin`]: plain clients for tests and demos (create topics, produce,
@@ -37,16 +39,17 @@
 //!
 //! ## Errors
 //!
-//! Broker outages are retried by librdkafka; each client error is logged with
-//! `tracing::warn` and counted ([`KafkaSourceMetricsSnapshot::transient_errors`]).
-//! Fatal consumer errors (authorization, librdkafka fatal errors) become
-//! [`exactly_core::ConnectorError::Fatal`]. Brokers that do not answer within
-//! `startup_timeout` at `restore` give a transient error naming the bootstrap.
-//! Before that, `restore` connects once with `exactly-kafka-wire` from the
-//! same properties: a refused password, a SASL mechanism the listener does
-//! not enable, an untrusted or misnamed certificate and a TLS listener
-//! reached without TLS are fatal errors naming the setting to fix (librdkafka
-//! would retry them for ever).
+//! Broker outages, connections that fail and partitions whose leader moved
+//! are retried with backoff (after fresh metadata); each is logged with
+//! `tracing` (a warning when a run of failures starts) and counted
+//! ([`KafkaSourceMetricsSnapshot::transient_errors`]). What no retry cures
+//! is [`exactly_core::ConnectorError::Fatal`], with a message naming the
+//! setting to fix: a refused password, a SASL mechanism the listener does
+//! not enable, an untrusted or misnamed certificate, a TLS listener reached
+//! without TLS, a topic the credentials may not read, a corrupt record
+//! batch. Brokers that do not answer within `startup_timeout` at `restore`
+//! give a transient error naming the bootstrap; a topic still unknown then
+//! a fatal one naming the topic.
 //!
 //! ## The sink
 //!
@@ -126,7 +129,6 @@
 pub mod admin;
 mod client;
 mod config;
-mod preflight;
 mod producer;
 mod sink;
 mod sink_config;
@@ -137,7 +139,6 @@ mod source;
 /// read_committed consumers may see of a topic.
 pub use exactly_kafka_wire as wire;
 
-pub use client::{KafkaSourceMetricsSnapshot, PREFETCH_DEFAULTS};
 pub use config::{
     KafkaConfigError, KafkaSourceConfig, StartPosition, DEFAULT_PARTITION_DISCOVERY_INTERVAL, DEFAULT_STARTUP_TIMEOUT,
 };
@@ -148,4 +149,4 @@ pub use sink_config::{
     CHECKPOINT_SHARE, DEFAULT_EXPECTED_RESTART_TIME, DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT_WARNING_SHARE,
     DEFAULT_TRANSACTION_TIMEOUT, MIN_POOL_SIZE,
 };
-pub use source::{split_name, KafkaSourceFactory};
+pub use source::{split_name, KafkaSourceFactory, KafkaSourceMetricsSnapshot};

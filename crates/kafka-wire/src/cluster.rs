@@ -21,20 +21,24 @@ use crate::error::WireError;
 /// topics, v4 `allow_auto_topic_creation`, v9 flexible encoding, v10
 /// topic ids, v13 a top-level error code.
 const METADATA: VersionRange = versions(1, 13);
-/// FindCoordinator versions spoken: v1 added `key_type` (1 = transaction),
-/// v3 flexible encoding, v4 batched `coordinator_keys`.
+/// FindCoordinator versions spoken: v1 added `key_type` (0 = group,
+/// 1 = transaction), v3 flexible encoding, v4 batched `coordinator_keys`.
 const FIND_COORDINATOR: VersionRange = versions(1, 6);
-/// FindCoordinator `key_type` of a transactional id.
-const KEY_TYPE_TRANSACTION: i8 = 1;
 
 /// The brokers of the cluster by node id, and the partitions of the topics
 /// asked for with their leaders.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ClusterMetadata {
+    /// The cluster id (Metadata v2+).
+    pub cluster_id: Option<String>,
     /// `HOST:PORT` by node id.
     pub brokers: BTreeMap<i32, String>,
-    /// Leader node id by partition, for the one topic asked for.
+    /// Leader node id by partition, for the one topic asked for (-1 when
+    /// the broker knows none).
     pub leaders: BTreeMap<i32, i32>,
+    /// The error code of every partition of that topic whose metadata
+    /// carries one (LEADER_NOT_AVAILABLE, REPLICA_NOT_AVAILABLE, ...).
+    pub partition_errors: BTreeMap<i32, ResponseError>,
 }
 
 impl ClusterMetadata {
@@ -68,8 +72,29 @@ pub(crate) async fn connect_any(config: &WireConfig) -> Result<KafkaConnection, 
 }
 
 /// Metadata of the cluster and, when `topic` is given, of that topic (an
-/// unknown topic is an error; it is never auto-created).
+/// unknown topic is an error; it is never auto-created). A partition whose
+/// metadata carries an error code is an error too (see
+/// [`partition_metadata`] for a lenient variant).
 pub(crate) async fn metadata(
+    connection: &mut KafkaConnection,
+    topic: Option<&str>,
+) -> Result<ClusterMetadata, WireError> {
+    let cluster = partition_metadata(connection, topic).await?;
+    if let (Some(topic), Some((partition, error))) = (topic, cluster.partition_errors.first_key_value()) {
+        return Err(WireError::Broker {
+            addr: connection.addr().to_string(),
+            api: ApiKey::Metadata,
+            error: *error,
+            message: Some(format!("topic `{topic}` partition {partition}")),
+        });
+    }
+    Ok(cluster)
+}
+
+/// Like [`metadata`], but partitions whose metadata carries an error code
+/// are listed in [`ClusterMetadata::partition_errors`] instead of failing
+/// the call.
+pub(crate) async fn partition_metadata(
     connection: &mut KafkaConnection,
     topic: Option<&str>,
 ) -> Result<ClusterMetadata, WireError> {
@@ -92,6 +117,7 @@ fn cluster_metadata(addr: &str, topic: Option<&str>, response: MetadataResponse)
         .map(|broker| (broker.node_id.0, format_address(&broker.host, broker.port)))
         .collect();
     let mut leaders = BTreeMap::new();
+    let mut partition_errors = BTreeMap::new();
     if let Some(wanted) = topic {
         let found = response
             .topics
@@ -110,12 +136,18 @@ fn cluster_metadata(addr: &str, topic: Option<&str>, response: MetadataResponse)
             Some(&format!("topic `{wanted}`")),
         )?;
         for partition in &found.partitions {
-            let context = format!("topic `{wanted}` partition {}", partition.partition_index);
-            WireError::check(addr, ApiKey::Metadata, partition.error_code, Some(&context))?;
+            if let Some(error) = ResponseError::try_from_code(partition.error_code) {
+                partition_errors.insert(partition.partition_index, error);
+            }
             leaders.insert(partition.partition_index, partition.leader_id.0);
         }
     }
-    Ok(ClusterMetadata { brokers, leaders })
+    Ok(ClusterMetadata {
+        cluster_id: response.cluster_id.map(|id| id.to_string()),
+        brokers,
+        leaders,
+        partition_errors,
+    })
 }
 
 /// `HOST:PORT`, bracketing IPv6 literals.
@@ -127,9 +159,10 @@ fn format_address(host: &str, port: i32) -> String {
     }
 }
 
-/// FindCoordinator answers that say "not yet": the transaction log is being
-/// created (a fresh cluster creates it on the first transactional request),
-/// its partition is loading, or its leadership is moving.
+/// Coordinator answers that say "not yet": the internal topic is being
+/// created (a fresh cluster creates `__transaction_state` on the first
+/// transactional request and `__consumer_offsets` on the first group
+/// request), its partition is loading, or its leadership is moving.
 pub(crate) const COORDINATOR_NOT_READY: [ResponseError; 3] = [
     ResponseError::CoordinatorNotAvailable,
     ResponseError::CoordinatorLoadInProgress,
@@ -140,58 +173,144 @@ pub(crate) const COORDINATOR_NOT_READY: [ResponseError; 3] = [
 pub(crate) const FIRST_COORDINATOR_BACKOFF: Duration = Duration::from_millis(50);
 pub(crate) const MAX_COORDINATOR_BACKOFF: Duration = Duration::from_secs(1);
 
-/// The address of the transaction coordinator of `transactional_id`, asked
-/// on `connection`: FindCoordinator (key type 1), then the node id is mapped
-/// to its address through Metadata (falling back to the address in the
-/// FindCoordinator answer for a node Metadata does not list).
-///
-/// A coordinator that is not ready yet ([`COORDINATOR_NOT_READY`]) is asked
-/// again with backoff for up to `wait`; after that its last answer is the
-/// error.
+/// What a coordinator is looked up for: FindCoordinator's `key_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CoordinatorKind {
+    /// A consumer group (key type 0), coordinated through `__consumer_offsets`.
+    Group,
+    /// A transactional id (key type 1), coordinated through
+    /// `__transaction_state`.
+    Transaction,
+}
+
+impl CoordinatorKind {
+    fn key_type(self) -> i8 {
+        match self {
+            CoordinatorKind::Group => 0,
+            CoordinatorKind::Transaction => 1,
+        }
+    }
+
+    /// How a key of this kind is named in messages.
+    fn key_name(self) -> &'static str {
+        match self {
+            CoordinatorKind::Group => "group",
+            CoordinatorKind::Transaction => "transactional id",
+        }
+    }
+}
+
+/// Pauses between attempts while a coordinator answers that it is not
+/// ready ([`COORDINATOR_NOT_READY`]): from [`FIRST_COORDINATOR_BACKOFF`],
+/// doubled up to [`MAX_COORDINATOR_BACKOFF`], for as long as the next pause
+/// still ends before the deadline.
+#[derive(Debug)]
+pub(crate) struct NotReadyBackoff {
+    deadline: Instant,
+    pause: Duration,
+    /// Attempts made so far (1 before the first pause).
+    pub attempts: u32,
+}
+
+impl NotReadyBackoff {
+    /// Attempts may go on for `wait` from now.
+    pub fn new(wait: Duration) -> NotReadyBackoff {
+        NotReadyBackoff {
+            deadline: Instant::now() + wait,
+            pause: FIRST_COORDINATOR_BACKOFF,
+            attempts: 1,
+        }
+    }
+
+    /// The time left until the deadline.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether to try again after `error`: it says the coordinator is not
+    /// ready, and the next pause ends before the deadline.
+    pub fn retries(&self, error: &WireError) -> bool {
+        error.broker_error().is_some_and(|e| COORDINATOR_NOT_READY.contains(&e))
+            && Instant::now() + self.pause <= self.deadline
+    }
+
+    /// Sleeps the next pause and counts the attempt to come.
+    pub async fn pause(&mut self) {
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(MAX_COORDINATOR_BACKOFF);
+        self.attempts += 1;
+    }
+
+    /// The pause [`pause`](Self::pause) will sleep.
+    pub fn next_pause(&self) -> Duration {
+        self.pause
+    }
+}
+
+/// The address of the transaction coordinator of `transactional_id`; see
+/// [`coordinator`].
 pub(crate) async fn transaction_coordinator(
     connection: &mut KafkaConnection,
     transactional_id: &str,
     wait: Duration,
 ) -> Result<String, WireError> {
-    let deadline = Instant::now() + wait;
-    let mut backoff = FIRST_COORDINATOR_BACKOFF;
-    let mut attempts = 1u32;
+    coordinator(connection, CoordinatorKind::Transaction, transactional_id, wait).await
+}
+
+/// The address of the coordinator of `key` (a group or a transactional id,
+/// as `kind` says), asked on `connection`: FindCoordinator, then the node id
+/// is mapped to its address through Metadata (falling back to the address
+/// in the FindCoordinator answer for a node Metadata does not list).
+///
+/// A coordinator that is not ready yet ([`COORDINATOR_NOT_READY`]) is asked
+/// again with backoff for up to `wait`; after that its last answer is the
+/// error.
+pub(crate) async fn coordinator(
+    connection: &mut KafkaConnection,
+    kind: CoordinatorKind,
+    key: &str,
+    wait: Duration,
+) -> Result<String, WireError> {
+    let mut backoff = NotReadyBackoff::new(wait);
     loop {
-        match find_coordinator_once(connection, transactional_id).await {
-            Err(WireError::Broker { error, .. })
-                if COORDINATOR_NOT_READY.contains(&error) && Instant::now() + backoff <= deadline =>
-            {
-                debug!(%transactional_id, %error, attempts, ?backoff, "transaction coordinator not ready; asking again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_COORDINATOR_BACKOFF);
-                attempts += 1;
+        match find_coordinator_once(connection, kind, key).await {
+            Err(error) if backoff.retries(&error) => {
+                debug!(
+                    kind = kind.key_name(),
+                    key,
+                    %error,
+                    attempts = backoff.attempts,
+                    backoff = ?backoff.next_pause(),
+                    "coordinator not ready; asking again"
+                );
+                backoff.pause().await;
             }
             result => return result,
         }
     }
 }
 
-/// One FindCoordinator for `transactional_id`, mapped to an address.
-async fn find_coordinator_once(connection: &mut KafkaConnection, transactional_id: &str) -> Result<String, WireError> {
+/// One FindCoordinator for `key`, mapped to an address.
+async fn find_coordinator_once(
+    connection: &mut KafkaConnection,
+    kind: CoordinatorKind,
+    key: &str,
+) -> Result<String, WireError> {
     let api = ApiKey::FindCoordinator;
     let version = connection.version(api, FIND_COORDINATOR)?;
-    let key = StrBytes::from_string(transactional_id.to_string());
-    let mut request = FindCoordinatorRequest::default().with_key_type(KEY_TYPE_TRANSACTION);
+    let key_bytes = StrBytes::from_string(key.to_string());
+    let mut request = FindCoordinatorRequest::default().with_key_type(kind.key_type());
     if version >= 4 {
-        request.coordinator_keys = vec![key];
+        request.coordinator_keys = vec![key_bytes];
     } else {
-        request.key = key;
+        request.key = key_bytes;
     }
     let response = connection.request(version, &request).await?;
     let (code, message, node_id, host, port) = if version >= 4 {
-        let Some(found) = response
-            .coordinators
-            .into_iter()
-            .find(|c| c.key.as_str() == transactional_id)
-        else {
+        let Some(found) = response.coordinators.into_iter().find(|c| c.key.as_str() == key) else {
             return Err(WireError::Protocol {
                 addr: connection.addr().to_string(),
-                message: format!("FindCoordinator answer does not mention transactional id `{transactional_id}`"),
+                message: format!("FindCoordinator answer does not mention {} `{key}`", kind.key_name()),
             });
         };
         (
@@ -211,7 +330,8 @@ async fn find_coordinator_once(connection: &mut KafkaConnection, transactional_i
         )
     };
     let context = format!(
-        "transactional id `{transactional_id}`{}",
+        "{} `{key}`{}",
+        kind.key_name(),
         message
             .filter(|m| !m.is_empty())
             .map(|m| format!(": {m}"))
@@ -233,6 +353,6 @@ async fn find_coordinator_once(connection: &mut KafkaConnection, transactional_i
             announced
         }
     };
-    debug!(%transactional_id, node_id, %address, "transaction coordinator");
+    debug!(kind = kind.key_name(), key, node_id, %address, "coordinator");
     Ok(address)
 }

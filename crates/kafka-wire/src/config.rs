@@ -15,6 +15,27 @@ pub const DEFAULT_COORDINATOR_WAIT: Duration = Duration::from_secs(30);
 /// The client id sent with every request unless configured otherwise.
 pub const DEFAULT_CLIENT_ID: &str = "exactly-kafka-wire";
 
+/// The client properties [`WireConfig::from_properties`] reads (librdkafka's
+/// names); it ignores every other key.
+pub const CLIENT_PROPERTIES: [&str; 16] = [
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.ca.pem",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    "client.id",
+    "request.timeout.ms",
+    "socket.timeout.ms",
+    "socket.connection.setup.timeout.ms",
+];
+
 /// Settings of one connection: client id, timeouts and security.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionOptions {
@@ -179,6 +200,47 @@ fn parse_server(server: &str) -> Result<String, WireError> {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn client_properties_are_the_keys_read() {
+        let base = [
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "PLAIN"),
+            ("sasl.username", "u"),
+            ("sasl.password", "p"),
+        ];
+        let config = |extra: &[(&str, &str)]| {
+            let properties: BTreeMap<&str, &str> = base.iter().chain(extra).copied().collect();
+            WireConfig::from_properties("h:1", &properties).ok()
+        };
+        let changed = [
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanism", "SCRAM-SHA-256"),
+            ("sasl.mechanisms", "SCRAM-SHA-512"),
+            ("sasl.username", "v"),
+            ("sasl.password", "q"),
+            ("ssl.ca.location", "/ca.pem"),
+            ("ssl.ca.pem", "PEM"),
+            ("ssl.certificate.location", "/c.pem"),
+            ("ssl.key.location", "/k.pem"),
+            ("ssl.key.password", "secret"),
+            ("ssl.endpoint.identification.algorithm", "none"),
+            ("enable.ssl.certificate.verification", "false"),
+            ("client.id", "me"),
+            ("request.timeout.ms", "5"),
+            ("socket.timeout.ms", "6"),
+            ("socket.connection.setup.timeout.ms", "7"),
+        ];
+        assert_eq!(changed.map(|(k, _)| k), CLIENT_PROPERTIES);
+        for pair in changed {
+            assert_ne!(config(&[pair]), config(&[]), "{} is not read", pair.0);
+        }
+        assert_eq!(
+            config(&[("fetch.max.bytes", "1")]),
+            config(&[]),
+            "other keys are ignored"
+        );
+    }
 
     #[test]
     fn parses_bootstrap_lists() {

@@ -197,6 +197,14 @@ pub enum WireError {
         last: Box<WireError>,
     },
 
+    /// The task of a [`Fetcher`](crate::Fetcher) ended without saying why
+    /// (it panicked; the log tells more).
+    #[error("the fetcher of topic `{topic}` stopped unexpectedly; see the log for a panic")]
+    FetcherStopped {
+        /// The topic it read.
+        topic: String,
+    },
+
     /// Reading a partition stopped advancing before its high watermark.
     #[error(
         "reading {topic}/{partition} from Kafka broker {addr} stalled at offset {offset} \

@@ -56,11 +56,14 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 mod client;
 mod cluster;
 mod config;
 mod connection;
+mod consumer_client;
 mod error;
+mod fetch;
 mod reader;
 pub mod records;
 mod sasl;
@@ -71,11 +74,13 @@ mod txn;
 
 pub use client::WireClient;
 pub use config::{
-    ConnectionOptions, WireConfig, DEFAULT_CLIENT_ID, DEFAULT_CONNECT_TIMEOUT, DEFAULT_COORDINATOR_WAIT,
-    DEFAULT_REQUEST_TIMEOUT,
+    ConnectionOptions, WireConfig, CLIENT_PROPERTIES, DEFAULT_CLIENT_ID, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_COORDINATOR_WAIT, DEFAULT_REQUEST_TIMEOUT,
 };
 pub use connection::KafkaConnection;
+pub use consumer_client::{ConsumerClient, OffsetSpec, TopicMetadata};
 pub use error::WireError;
+pub use fetch::{FetchCounters, FetchSettings, FetchedChunk, FetchedRecord, Fetcher, OffsetReset, FETCH_PROPERTIES};
 /// The `kafka-protocol` crate, whose message types [`KafkaConnection::request`] takes.
 pub use kafka_protocol;
 pub use records::{

@@ -18,7 +18,7 @@ use crate::records::{decode_batches, CommittedFilter, CommittedRead};
 
 /// Fetch versions spoken: v4 added isolation levels and the v2 record
 /// format, v12 is the flexible encoding. v13 switched to topic ids.
-const FETCH: VersionRange = versions(4, 12);
+pub(crate) const FETCH: VersionRange = versions(4, 12);
 /// ListOffsets versions spoken: v1 single offsets per timestamp, v2
 /// isolation levels, v6 flexible encoding.
 const LIST_OFFSETS: VersionRange = versions(1, 10);

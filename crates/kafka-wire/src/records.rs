@@ -14,18 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use bytes::{Buf, Bytes};
-use kafka_protocol::records::{Record, RecordBatchDecoder};
+use bytes::Bytes;
 
-/// Bytes before a batch's payload that tell its length: base offset (8) and
-/// batch length (4).
-const BATCH_PREFIX: usize = 12;
-/// Position of the magic byte in a batch.
-const MAGIC_AT: usize = 16;
-/// Position of `lastOffsetDelta` in a v2 batch.
-const LAST_OFFSET_DELTA_AT: usize = 23;
-/// Size of a v2 batch header, up to and including the record count.
-const BATCH_HEADER: usize = 61;
+use crate::batch::{control_marker, decode_records, take_batch, BatchHeader, FetchedRecord};
 
 /// What a control record marks, from the `type` field of its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,81 +300,38 @@ pub fn committed_records(
 /// carries no producer ids and no transactions, and on a corrupt batch.
 pub fn decode_batches(raw: &mut Bytes) -> Result<Vec<DecodedBatch>, String> {
     let mut batches = Vec::new();
-    while raw.len() >= BATCH_PREFIX {
-        let length = i32::from_be_bytes(raw[8..BATCH_PREFIX].try_into().expect("4 bytes"));
-        let length = usize::try_from(length).map_err(|_| format!("negative batch length {length}"))?;
-        if raw.len() < BATCH_PREFIX + length {
-            break;
-        }
-        let mut batch = raw.split_to(BATCH_PREFIX + length);
-        batches.push(decode_batch(&mut batch)?);
+    while let Some(batch) = take_batch(raw)? {
+        batches.push(decode_batch(batch)?);
     }
     Ok(batches)
 }
 
 /// Decodes one complete batch.
-fn decode_batch(batch: &mut Bytes) -> Result<DecodedBatch, String> {
-    let base_offset = (&batch[..8]).get_i64();
-    let magic = *batch.get(MAGIC_AT).ok_or("batch shorter than its header")? as i8;
-    if magic != 2 {
-        return Err(format!(
-            "the batch at offset {base_offset} uses message format v{magic}; only v2 record batches are supported"
-        ));
-    }
-    if batch.len() < BATCH_HEADER {
-        return Err(format!(
-            "the batch at offset {base_offset} is shorter than a batch header"
-        ));
-    }
-    let last_offset_delta = (&batch[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4]).get_i32();
-    let info = RecordBatchDecoder::decode_batch_info(&mut batch.clone())
-        .map_err(|e| format!("batch at offset {base_offset}: {e}"))?
-        .into_iter()
-        .next()
-        .ok_or_else(|| format!("the batch at offset {base_offset} has no header"))?;
-    let set = RecordBatchDecoder::decode(batch).map_err(|e| format!("batch at offset {base_offset}: {e}"))?;
-    let control = if info.control {
-        let key = set
-            .records
-            .first()
-            .and_then(|record| record.key.as_deref())
-            .unwrap_or_default();
-        let marker = ControlMarker::from_key(key)
-            .ok_or_else(|| format!("the control batch at offset {base_offset} has no valid control key"))?;
-        Some(marker)
+fn decode_batch(batch: Bytes) -> Result<DecodedBatch, String> {
+    let header = BatchHeader::read(&batch)?;
+    let (control, records) = if header.control {
+        (Some(control_marker(&header, batch)?), Vec::new())
     } else {
-        None
-    };
-    let records = if info.control {
-        Vec::new()
-    } else {
-        set.records.into_iter().map(batch_record).collect()
+        (None, decode_records(batch)?.into_iter().map(batch_record).collect())
     };
     Ok(DecodedBatch {
-        base_offset,
-        last_offset: base_offset + i64::from(last_offset_delta),
-        producer_id: info.producer_id,
-        producer_epoch: info.producer_epoch,
-        transactional: info.transactional,
+        base_offset: header.base_offset,
+        last_offset: header.last_offset,
+        producer_id: header.producer_id,
+        producer_epoch: header.producer_epoch,
+        transactional: header.transactional,
         control,
         records,
     })
 }
 
-fn batch_record(record: Record) -> BatchRecord {
+fn batch_record(record: FetchedRecord) -> BatchRecord {
     BatchRecord {
         offset: record.offset,
         timestamp: record.timestamp,
         key: record.key.map(Vec::from),
         value: record.value.map(Vec::from),
-        headers: record
-            .headers
-            .into_iter()
-            .map(|(key, value)| RecordHeader {
-                key: key.to_string(),
-                value: value.map(Vec::from),
-            })
-            .collect(),
+        headers: record.headers,
     }
 }
 

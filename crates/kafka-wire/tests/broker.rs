@@ -5,13 +5,15 @@
 //! librdkafka (rdkafka); the crash cases run the transactional producer in a
 //! child process killed with SIGKILL.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use common::{fresh, init_tracing, kafka, new_topic, producer, send, StatsContext, TXN_TIMEOUT};
 use exactly_kafka_wire::kafka_protocol::messages::{ApiKey, MetadataRequest};
 use exactly_kafka_wire::kafka_protocol::protocol::VersionRange;
 use exactly_kafka_wire::kafka_protocol::ResponseError;
@@ -20,38 +22,13 @@ use exactly_kafka_wire::{
     EndTxnOutcome, KafkaConnection, WireClient, WireConfig, WireError,
 };
 use exactly_testkit::KafkaBroker;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
-use rdkafka::ClientContext;
+use rdkafka::producer::{BaseProducer, Producer};
 
-/// Limit for librdkafka's blocking transaction calls.
-const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Environment variable that turns [`child_transactional_producer`] on.
 const CHILD_ENV: &str = "EXACTLY_WIRE_CHILD";
 /// How long a read waits for the markers of transactions that were just
 /// ended: Kafka answers EndTxn before it writes them.
 const SETTLE: Duration = Duration::from_secs(30);
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("exactly_kafka_wire=debug,librdkafka=warn")
-        .try_init();
-}
-
-/// A name no other test (or earlier run against an external Kafka) uses.
-fn unique(name: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-/// The shared broker.
-fn shared() -> &'static KafkaBroker {
-    init_tracing();
-    KafkaBroker::shared().expect("start the shared Kafka broker")
-}
 
 /// The shared broker with a fresh topic.
 struct Fixture {
@@ -61,22 +38,8 @@ struct Fixture {
 
 impl Fixture {
     async fn new(name: &str, partitions: i32) -> Fixture {
-        let broker = shared();
-        let topic = unique(name);
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", broker.bootstrap())
-            .create()
-            .unwrap();
-        let results = admin
-            .create_topics(
-                &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(1))],
-                &AdminOptions::new(),
-            )
-            .await
-            .expect("create topic");
-        for result in results {
-            result.expect("create topic");
-        }
+        let broker = kafka();
+        let topic = new_topic(broker.bootstrap(), name, partitions).await;
         Fixture { broker, topic }
     }
 
@@ -87,55 +50,6 @@ impl Fixture {
     fn producer(&self, settings: &[(&str, &str)]) -> BaseProducer<StatsContext> {
         producer(self.bootstrap(), settings)
     }
-}
-
-/// Remembers the `eos` object of librdkafka's latest statistics JSON.
-#[derive(Default)]
-struct StatsContext {
-    eos: Mutex<Option<serde_json::Value>>,
-}
-
-impl ClientContext for StatsContext {
-    fn stats_raw(&self, statistics: &[u8]) {
-        let json: serde_json::Value = serde_json::from_slice(statistics).expect("statistics are JSON");
-        *self.eos.lock().unwrap() = json.get("eos").cloned();
-    }
-}
-
-impl ProducerContext for StatsContext {
-    type DeliveryOpaque = ();
-    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
-        if let Err((error, _)) = result {
-            panic!("delivery failed: {error}");
-        }
-    }
-}
-
-fn producer(bootstrap: &str, settings: &[(&str, &str)]) -> BaseProducer<StatsContext> {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        .set("statistics.interval.ms", "100");
-    for (key, value) in settings {
-        config.set(*key, *value);
-    }
-    config
-        .create_with_context(StatsContext::default())
-        .expect("create producer")
-}
-
-/// Produces `values` round-robin over `partitions` partitions and waits
-/// until they are delivered.
-fn send(producer: &BaseProducer<StatsContext>, topic: &str, partitions: i32, values: &[String]) {
-    for (i, value) in values.iter().enumerate() {
-        let key = format!("key-{value}");
-        let record = BaseRecord::to(topic)
-            .key(&key)
-            .payload(value)
-            .partition(i as i32 % partitions);
-        producer.send(record).map_err(|(e, _)| e).expect("enqueue record");
-    }
-    producer.flush(TXN_TIMEOUT).expect("flush");
 }
 
 fn values(prefix: &str, count: usize) -> Vec<String> {
@@ -175,7 +89,7 @@ fn producer_identity(producer: &BaseProducer<StatsContext>) -> (i64, i16, serde_
 
 #[tokio::test]
 async fn connection_negotiates_versions() {
-    let broker = shared();
+    let broker = kafka();
     let mut connection = KafkaConnection::connect(broker.bootstrap()).await.unwrap();
     let apis: Vec<String> = connection
         .advertised_apis()
@@ -235,13 +149,13 @@ async fn read_committed_returns_plain_and_committed_records_only() {
     let producer = fixture.producer(&[("enable.idempotence", "false")]);
     send(&producer, topic, 2, &plain);
 
-    let committer = fixture.producer(&[("transactional.id", &unique("committer"))]);
+    let committer = fixture.producer(&[("transactional.id", &fresh("committer"))]);
     committer.init_transactions(TXN_TIMEOUT).unwrap();
     committer.begin_transaction().unwrap();
     send(&committer, topic, 2, &committed);
     committer.commit_transaction(TXN_TIMEOUT).unwrap();
 
-    let aborter = fixture.producer(&[("transactional.id", &unique("aborter"))]);
+    let aborter = fixture.producer(&[("transactional.id", &fresh("aborter"))]);
     aborter.init_transactions(TXN_TIMEOUT).unwrap();
     aborter.begin_transaction().unwrap();
     send(&aborter, topic, 2, &aborted);
@@ -289,7 +203,7 @@ async fn finds_the_transaction_coordinator_of_a_fresh_cluster() {
     let mut impatient = WireConfig::new(broker.bootstrap()).unwrap();
     impatient.coordinator_wait = Duration::ZERO;
     let first = WireClient::with_config(impatient)
-        .find_transaction_coordinator(&unique("txn"))
+        .find_transaction_coordinator(&fresh("txn"))
         .await;
     assert!(
         matches!(
@@ -300,7 +214,7 @@ async fn finds_the_transaction_coordinator_of_a_fresh_cluster() {
         ),
         "a fresh cluster has no transaction coordinator yet, so a client that does not wait must fail: {first:?}"
     );
-    let coordinator = find_transaction_coordinator(broker.bootstrap(), &unique("txn"))
+    let coordinator = find_transaction_coordinator(broker.bootstrap(), &fresh("txn"))
         .await
         .expect("the coordinator, once the transaction log is there");
     assert_eq!(coordinator, broker.bootstrap());
@@ -312,7 +226,7 @@ async fn finds_the_transaction_coordinator_of_a_fresh_cluster() {
 async fn end_txn_on_a_fresh_cluster_gets_the_coordinators_verdict() {
     init_tracing();
     let broker = KafkaBroker::start().expect("start a fresh Kafka broker");
-    let outcome = end_txn(broker.bootstrap(), &unique("never-initialised"), 4242, 0, true)
+    let outcome = end_txn(broker.bootstrap(), &fresh("never-initialised"), 4242, 0, true)
         .await
         .expect("EndTxn");
     assert_eq!(outcome, EndTxnOutcome::InvalidProducerIdMapping);
@@ -320,8 +234,8 @@ async fn end_txn_on_a_fresh_cluster_gets_the_coordinators_verdict() {
 
 #[tokio::test]
 async fn end_txn_of_an_unknown_transactional_id_is_refused() {
-    let broker = shared();
-    let outcome = end_txn(broker.bootstrap(), &unique("never-initialised"), 4242, 0, true)
+    let broker = kafka();
+    let outcome = end_txn(broker.bootstrap(), &fresh("never-initialised"), 4242, 0, true)
         .await
         .expect("EndTxn");
     assert_eq!(outcome, EndTxnOutcome::InvalidProducerIdMapping);
@@ -340,7 +254,7 @@ struct CrashedProducer {
 impl CrashedProducer {
     /// Starts the child and waits for its producer id and epoch.
     fn start(bootstrap: &str, topic: &str, values: &[String]) -> CrashedProducer {
-        let transactional_id = unique("crashing");
+        let transactional_id = fresh("crashing");
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
@@ -551,7 +465,7 @@ async fn describe_broker_config_reads_the_key_asked_for() {
 /// The shared broker (the external one too) reports its limit.
 #[tokio::test]
 async fn describes_the_transaction_timeout_limit() {
-    let broker = shared();
+    let broker = kafka();
     let value = describe_broker_config(broker.bootstrap(), "transaction.max.timeout.ms")
         .await
         .unwrap()

@@ -1,9 +1,10 @@
 use bytes::BytesMut;
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 
 use super::*;
+use crate::batch::MAGIC_AT;
 
 const PLAIN: i64 = -1;
 
