@@ -305,7 +305,7 @@ fn sigkill_inside_end_txn_recovery() {
         setup(),
         "inside_end_txn_recovery",
         &[
-            "coordinator.after_persist:1",
+            "coordinator.after_persist_pending:1",
             "kafka_sink.before_end_txn:1",
             "recovery.after_commit:1",
         ],
@@ -322,7 +322,7 @@ fn aborting_instead_of_committing_on_recovery_loses_the_checkpoint() {
     let setup = setup();
     let dir = tempfile::tempdir().unwrap();
     let (config, output) = setup.pipeline(dir.path(), "negative", "exactly-once", "");
-    run_killed_at(&config, "coordinator.after_persist:1");
+    run_killed_at(&config, "coordinator.after_persist_pending:1");
     let env = [(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV, "1")];
     let (status, log) = run_with_env(&config, None, &[], &env);
     assert!(status.success(), "{log}");
@@ -362,7 +362,7 @@ fn a_corrupt_newest_entry_is_refused_unless_the_fallback_is_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let name = "corrupt_newest";
     let (config, output) = setup.pipeline(dir.path(), name, "exactly-once", "");
-    run_killed_at(&config, "coordinator.after_persist@0:1");
+    run_killed_at(&config, "coordinator.after_persist_pending@0:1");
     let newest = newest_entry_file(&dir.path().join("checkpoints").join(name), 0);
     flip_one_byte(&newest);
 

@@ -152,7 +152,7 @@ dir = "checkpoints"
 [source.kafka]
 bootstrap = "{bootstrap}"
 topic = "{input}"
-properties = {{ "fetch.max.bytes" = "2048", "max.partition.fetch.bytes" = "1024", "message.max.bytes" = "2000" }}
+properties = {{ "fetch.max.bytes" = "2048", "max.partition.fetch.bytes" = "1024" }}
 
 [sink.kafka]
 bootstrap = "{bootstrap}"

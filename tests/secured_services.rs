@@ -187,12 +187,12 @@ fn kafka_to_postgres_over_tls_and_sasl_ssl_survives_sigkills_at_every_phase() {
 
     // Killed while writing, then with a transaction prepared that no
     // checkpoint lists, then with the persisted checkpoint's transactions
-    // prepared: the run's first checkpoint, whose interval holds every
-    // record read since the start (a later one may find the topic read to
-    // its end already, and prepare nothing).
+    // prepared: the first checkpoint that lists any (an earlier one may
+    // come before the first record, a later one after the topic was read to
+    // its end, and prepare nothing).
     run_killed_within(&config, "source.after_emit:40", &[], limit);
     run_killed_within(&config, "sink.after_pre_commit:2", &[], limit);
-    run_killed_within(&config, "coordinator.after_persist:1", &[], limit);
+    run_killed_within(&config, "coordinator.after_persist_pending:1", &[], limit);
     let pending = prepared_of_pipeline(services.admin_url(), &name);
     assert!(
         !pending.is_empty(),
@@ -244,7 +244,7 @@ fn kafka_to_kafka_over_sasl_ssl_commits_pending_transactions_with_end_txn_after_
     let output = services.topic_with("secured_out", []);
     let config = kafka_to_kafka(&services, dir.path(), &name, &input, &output);
     let limit = Duration::from_secs(180);
-    run_killed_within(&config, "coordinator.after_persist:3", &[], limit);
+    run_killed_within(&config, "coordinator.after_persist_pending:1", &[], limit);
     let (status, _, log) = wait(spawn_with(&config, &[], &[]), limit);
     assert!(status.success(), "the restart failed with {status}:\n{log}");
     assert!(

@@ -1,8 +1,9 @@
 //! The baselines, each run in a re-executed child of this bench (so its
 //! peak RSS and CPU are its own): the raw binary COPY (the sink's ceiling),
-//! the raw consume (the source's ceiling) and the minimal consume → COPY
-//! loop (the machine's ceiling, which the targets compare exactly with) and
-//! the hand-written exactly-once loop (`hand_loop.rs`).
+//! the raw librdkafka consume, the raw fetch and the minimal fetch → COPY
+//! loop (the source's and the machine's ceilings, `fetched.rs`; the targets
+//! compare exactly with the loop) and the hand-written exactly-once loop
+//! (`hand_loop.rs`).
 //!
 //! Each prints `records=N` (and `copies=N` when it writes) on stdout.
 
@@ -17,6 +18,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 
 use crate::child::{log_dir, Running};
+use crate::fetched::{self, Row};
 use crate::input::end_offsets;
 use crate::runs::{env_u64, Kind};
 use crate::services::pg_connect;
@@ -73,9 +75,10 @@ pub fn main(role: &str) -> Result<()> {
     match role {
         "copy" => copy(&args),
         "consume" => consume(&args),
+        "fetch" => fetched::raw_fetch(&args),
         "loop" => minimal_loop(&args),
         "hand" => crate::hand_loop::run(&args),
-        other => bail!("unknown {ROLE_ENV} `{other}`: use copy, consume, loop or hand"),
+        other => bail!("unknown {ROLE_ENV} `{other}`: use copy, consume, fetch, loop or hand"),
     }
 }
 
@@ -173,7 +176,9 @@ impl Progress {
     }
 }
 
-/// The source's ceiling: two consumers read their partitions to the end.
+/// What librdkafka reads at most: two consumers read their partitions to
+/// the end (the hand loop's consumer, and the source's before it read with
+/// exactly-kafka-wire).
 fn consume(args: &Args) -> Result<()> {
     let started = Instant::now();
     let mut threads = Vec::new();
@@ -209,37 +214,21 @@ fn consume(args: &Args) -> Result<()> {
     Ok(())
 }
 
-struct Row {
-    part: i32,
-    off: i64,
-    id: i64,
-    ts: SystemTime,
-    payload: Vec<u8>,
-    /// Bytes of value and key: what the sink counts towards its segment.
-    data_bytes: usize,
-}
-
-#[derive(serde::Deserialize)]
-struct IdOnly {
-    id: i64,
-}
-
-/// The machine's ceiling: per subtask, a consumer thread converts records
-/// into rows (JSON parsed for the id, as the sink does) in batches of up to
-/// [`BATCH`], and an async task streams them into binary COPYs cut like the
-/// sink's (see [`copy_batches`]). No checkpoints, no explicit transactions:
-/// each COPY commits by itself.
+/// The machine's ceiling: per subtask, a task reads its partitions as the
+/// exactly source does and converts records into rows (JSON parsed for the
+/// id, as the sink does) in batches of up to [`BATCH`]
+/// ([`fetched::spawn_reader`]), and another streams them into binary COPYs
+/// cut like the sink's (see [`copy_batches`]). No checkpoints, no explicit
+/// transactions: each COPY commits by itself.
 fn minimal_loop(args: &Args) -> Result<()> {
     let started = Instant::now();
     let rt = tokio::runtime::Runtime::new()?;
     let mut consumers = Vec::new();
     let mut writers = Vec::new();
     for s in 0..PARALLELISM {
-        let (consumer, ends) = open(args, &owned_partitions(s))?;
         let client = rt.block_on(pg_connect(&args.pg_url))?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Vec<Row>>(4);
-        let follow = args.follow;
-        consumers.push(std::thread::spawn(move || read_batches(&consumer, &ends, follow, &tx)));
+        consumers.push(fetched::spawn_reader(&rt, args, s, tx)?);
         writers.push(rt.spawn(copy_batches(client, copy_sql(&args.table), rx)));
     }
     eprintln!(
@@ -249,7 +238,7 @@ fn minimal_loop(args: &Args) -> Result<()> {
     println!("ready");
     let mut consumed = 0;
     for c in consumers {
-        consumed += c.join().map_err(|_| anyhow!("a consumer panicked"))??;
+        consumed += rt.block_on(c).map_err(|_| anyhow!("a reader panicked"))??;
     }
     let (mut written, mut copies) = (0, 0);
     for w in writers {
@@ -265,65 +254,6 @@ fn minimal_loop(args: &Args) -> Result<()> {
     println!("rows={written}");
     println!("copies={copies}");
     Ok(())
-}
-
-/// Reads `consumer` up to `ends` (or forever when `follow`), handing batches
-/// of rows to `tx`: up to [`BATCH`] records, waiting at most 100 ms for the
-/// first one and then taking only what is already fetched. Returns the
-/// records read.
-fn read_batches(
-    consumer: &BaseConsumer,
-    ends: &[(i32, i64)],
-    follow: bool,
-    tx: &tokio::sync::mpsc::Sender<Vec<Row>>,
-) -> Result<u64> {
-    let mut progress = Progress::new(ends);
-    let mut records = 0;
-    while follow || !progress.done() {
-        let mut batch = Vec::with_capacity(BATCH);
-        let deadline = Instant::now() + Duration::from_millis(100);
-        while batch.len() < BATCH {
-            let wait = if batch.is_empty() {
-                deadline.saturating_duration_since(Instant::now())
-            } else {
-                Duration::ZERO
-            };
-            match consumer.poll(wait) {
-                Some(Ok(m)) => {
-                    let payload = m.payload().unwrap_or_default().to_vec();
-                    let id = serde_json::from_slice::<IdOnly>(&payload)
-                        .with_context(|| {
-                            format!(
-                                "record {} of partition {} has no numeric /id",
-                                m.offset(),
-                                m.partition()
-                            )
-                        })?
-                        .id;
-                    let ms = m.timestamp().to_millis().unwrap_or(0);
-                    progress.saw(m.partition(), m.offset());
-                    batch.push(Row {
-                        part: m.partition(),
-                        off: m.offset(),
-                        id,
-                        ts: UNIX_EPOCH + Duration::from_millis(ms as u64),
-                        data_bytes: payload.len() + m.key().map_or(0, <[u8]>::len),
-                        payload,
-                    });
-                }
-                Some(Err(e)) => eprintln!("consumer error: {e}"),
-                None if !batch.is_empty() || Instant::now() >= deadline => break,
-                None => {}
-            }
-        }
-        if !batch.is_empty() {
-            records += batch.len() as u64;
-            if tx.blocking_send(batch).is_err() {
-                bail!("the COPY task stopped (see its error)");
-            }
-        }
-    }
-    Ok(records)
 }
 
 type OpenCopy = Pin<Box<BinaryCopyInWriter>>;

@@ -19,7 +19,9 @@
 //!
 //! The files: `services.rs` (broker, PostgreSQL, Redis), `input.rs` (the
 //! topic), `pipelines.rs` (the exactly rows), `baselines.rs` (raw COPY, raw
-//! consume, the minimal loop), `hand_loop.rs` (the hand-written
+//! librdkafka consume, the minimal loop), `fetched.rs` (the raw fetch and
+//! the minimal loop's reader, on exactly-kafka-wire's fetcher, as the
+//! source reads), `hand_loop.rs` (the hand-written
 //! exactly-once loop), `child.rs` (spawning and reaping the runs),
 //! `measure.rs` (CPU, RSS, transactions), `latency.rs` (the latency
 //! phase), `report.rs` (the table), `runs.rs` (which runs, which settings),
@@ -32,7 +34,7 @@
 //! | `EXACTLY_BENCH_RECORDS` | 1000000 | records preloaded and delivered per run |
 //! | `EXACTLY_BENCH_LATENCY_RATE` | 2000 | records/s produced during the latency phase |
 //! | `EXACTLY_BENCH_LATENCY_SECS` | 20 | length of the latency phase (0 skips it) |
-//! | `EXACTLY_BENCH_RUNS` | `loop,copy,consume,hand,eo,eo-kv,alo,redis,pg-fenced` then `loop,hand,eo,eo-kv,alo` twice | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
+//! | `EXACTLY_BENCH_RUNS` | `loop,copy,fetch,consume,hand,eo,eo-kv,alo,redis,pg-fenced` then `loop,hand,eo,eo-kv,alo` twice | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
 //! | `EXACTLY_BENCH_SOURCE_EXTRA` | — | TOML lines appended to every pipeline's `[source.kafka]` (experiments) |
 //! | `EXACTLY_BENCH_STOP_AT_END` | 1 | 0: pipelines read unbounded and end by SIGTERM once a persisted checkpoint has read everything |
 //! | `EXACTLY_BENCH_PRELOAD_LINGER_MS` | 20 | `linger.ms` of the producer that preloads the topic |
@@ -41,6 +43,7 @@
 
 mod baselines;
 mod child;
+mod fetched;
 mod hand_loop;
 mod input;
 mod latency;
@@ -370,7 +373,7 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
     }
     // Check that everything arrived exactly once before believing the speed.
     match kind {
-        Kind::RawConsume => {
+        Kind::RawConsume | Kind::RawFetch => {
             let consumed = printed(&finished.stdout, "records");
             if consumed != Some(n) {
                 bail!("consumed {consumed:?} records, expected {n}");

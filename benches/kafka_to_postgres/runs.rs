@@ -9,7 +9,10 @@ use crate::workload::{TableShape, PARTITIONS};
 pub enum Kind {
     MinimalLoop,
     RawCopy,
+    /// librdkafka consumers alone.
     RawConsume,
+    /// exactly-kafka-wire fetchers alone: the source's ceiling.
+    RawFetch,
     ExactlyOnce,
     AtLeastOnce,
     RedisFenced,
@@ -28,9 +31,10 @@ impl Kind {
     /// The default runs, in order: every row once, then the three rows the
     /// targets compare twice more, interleaved, so that the targets compare
     /// means of three and the table shows how much a single run varies.
-    pub const DEFAULT: [Kind; 19] = [
+    pub const DEFAULT: [Kind; 20] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
+        Kind::RawFetch,
         Kind::RawConsume,
         Kind::HandLoop,
         Kind::ExactlyOnce,
@@ -50,9 +54,10 @@ impl Kind {
         Kind::AtLeastOnce,
     ];
     /// Every run `EXACTLY_BENCH_RUNS` can name.
-    pub const ANY: [Kind; 10] = [
+    pub const ANY: [Kind; 11] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
+        Kind::RawFetch,
         Kind::RawConsume,
         Kind::HandLoop,
         Kind::ExactlyOnce,
@@ -68,6 +73,7 @@ impl Kind {
             Kind::MinimalLoop => "loop",
             Kind::RawCopy => "copy",
             Kind::RawConsume => "consume",
+            Kind::RawFetch => "fetch",
             Kind::ExactlyOnce => "eo",
             Kind::AtLeastOnce => "alo",
             Kind::RedisFenced => "redis",
@@ -83,8 +89,9 @@ impl Kind {
             Kind::ExactlyOnce => "exactly, exactly-once (two-phase)",
             Kind::AtLeastOnce => "exactly, at-least-once",
             Kind::RawCopy => "raw binary COPY, 2 connections (sink ceiling)",
-            Kind::RawConsume => "raw consume, 2 consumers (source ceiling)",
-            Kind::MinimalLoop => "minimal consume → COPY loop ×2 (machine ceiling)",
+            Kind::RawConsume => "raw librdkafka consume, 2 consumers",
+            Kind::RawFetch => "raw fetch, 2 fetchers (source ceiling)",
+            Kind::MinimalLoop => "minimal fetch → COPY loop ×2 (machine ceiling)",
             Kind::RedisFenced => "exactly, Redis HINCRBY fenced",
             Kind::PostgresFenced => "exactly, PostgreSQL mode = \"fenced\"",
             Kind::ExactlyOnceNoDiscovery => "exactly, exactly-once, partition discovery off (diagnostic)",
@@ -115,12 +122,15 @@ impl Kind {
     }
 
     pub fn writes_postgres(self) -> bool {
-        !matches!(self, Kind::RawConsume | Kind::RedisFenced)
+        !matches!(self, Kind::RawConsume | Kind::RawFetch | Kind::RedisFenced)
     }
 
-    /// Runs with a latency phase (the raw COPY and raw consume have no end to end).
+    /// Runs with a latency phase (the raw COPY, consume and fetch have no end to end).
     pub fn has_latency(self) -> bool {
-        !matches!(self, Kind::RawCopy | Kind::RawConsume | Kind::ExactlyOnceNoDiscovery)
+        !matches!(
+            self,
+            Kind::RawCopy | Kind::RawConsume | Kind::RawFetch | Kind::ExactlyOnceNoDiscovery
+        )
     }
 }
 

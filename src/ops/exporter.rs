@@ -45,6 +45,7 @@ pub const METRIC_NAMES: &[(&str, &str, &str, &str)] = &[
     ("exactly_consumer_lag_records", "gauge", "topic, partition", "end offset minus the latest checkpoint's position (Kafka source)"),
     ("exactly_kafka_sink_lost_transactions_total", "counter", "", "pre-committed Kafka transactions the broker refused to commit (Kafka sink, on_lost_transaction = \"warn\")"),
     ("exactly_kafka_source_transient_errors_total", "counter", "", "client errors the Kafka source rode out"),
+    ("exactly_kafka_source_positions_reset_total", "counter", "", "partitions the Kafka source moved on because retention deleted records before they were read (auto.offset.reset)"),
     ("exactly_region_checkpoints_completed_total", "counter", "region", "checkpoints persisted per region (region failover); likewise `_failed_total`, `_timed_out_total`, `exactly_region_restarts_total`, `exactly_region_last_checkpoint_id`"),
 ];
 
@@ -338,6 +339,16 @@ impl Collector for PipelineCollector {
                     MetricType::Counter,
                 )?,
                 source.metrics().transient_errors,
+            )?;
+            counter(
+                encoder.encode_descriptor(
+                    "kafka_source_positions_reset",
+                    "Partitions the Kafka source moved on because retention deleted records before they were read \
+                     (auto.offset.reset; each logged with what was skipped).",
+                    None,
+                    MetricType::Counter,
+                )?,
+                source.metrics().positions_reset,
             )?;
         }
         Ok(())

@@ -7,15 +7,10 @@
 //! once a checkpoint covers everything the topic holds.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use exactly_core::SplitPositions;
+use exactly_kafka::wire::{ConsumerClient, OffsetSpec};
 use exactly_kafka::KafkaSourceConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
-
-/// How long one metadata or offsets request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Lag of one partition.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -30,24 +25,29 @@ pub struct PartitionLag {
     pub position: Option<i64>,
     /// The first offset the partition still holds.
     pub low: i64,
-    /// The end offset (the next offset to be written, or the last stable
-    /// offset for read_committed).
+    /// The end offset a read_committed consumer can read up to: the last
+    /// stable offset.
     pub end: i64,
     /// `end - position` (`end - low` without a position), never negative.
     pub lag: i64,
 }
 
-/// Reads the end offsets of the source's topic.
-#[derive(Clone, Debug)]
+/// Reads the end offsets of the source's topic, on connections kept from
+/// one reading to the next.
+#[derive(Debug)]
 pub struct KafkaLagProbe {
     config: KafkaSourceConfig,
+    client: Option<ConsumerClient>,
 }
 
 impl KafkaLagProbe {
     /// A probe for the topic and brokers of `config` (its client
     /// `properties`, e.g. security settings, apply).
     pub fn new(config: &KafkaSourceConfig) -> Self {
-        KafkaLagProbe { config: config.clone() }
+        KafkaLagProbe {
+            config: config.clone(),
+            client: None,
+        }
     }
 
     /// The topic.
@@ -56,56 +56,49 @@ impl KafkaLagProbe {
     }
 
     /// The partitions' lags against `positions` (from a checkpoint; `None`:
-    /// no checkpoint yet). Blocking: run it on a blocking thread.
-    pub fn lag(&self, positions: Option<&SplitPositions>) -> Result<Vec<PartitionLag>, String> {
-        let offsets = self.offsets()?;
+    /// no checkpoint yet).
+    pub async fn lag(&mut self, positions: Option<&SplitPositions>) -> Result<Vec<PartitionLag>, String> {
+        let offsets = self.offsets().await?;
         Ok(lag_of(&self.config.topic, &offsets, positions))
     }
 
     /// `(low, end)` of every partition of the topic.
-    fn offsets(&self) -> Result<BTreeMap<i32, (i64, i64)>, String> {
-        let topic = &self.config.topic;
+    async fn offsets(&mut self) -> Result<BTreeMap<i32, (i64, i64)>, String> {
+        let topic = self.config.topic.clone();
+        let bootstrap = self.config.bootstrap.clone();
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             format!(
-                "cannot read {what} of topic `{topic}` from Kafka at {}: {e}. Check that the brokers are \
-                 running and reachable at that address and that source.kafka.bootstrap is right",
-                self.config.bootstrap
+                "cannot read {what} of topic `{topic}` from Kafka at {bootstrap}: {e}. Check that the brokers are \
+                 running and reachable at that address and that source.kafka.bootstrap is right"
             )
         };
-        let mut client = ClientConfig::new();
-        for (key, value) in &self.config.properties {
-            client.set(key, value);
-        }
-        client
-            .set("bootstrap.servers", &self.config.bootstrap)
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("log_level", "3");
-        let consumer: BaseConsumer = client.create().map_err(|e| fail("the partitions", &e))?;
-        let metadata = consumer
-            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+        let client = match &mut self.client {
+            Some(client) => client,
+            None => {
+                let wire = self.config.wire_config().map_err(|e| e.to_string())?;
+                self.client.insert(ConsumerClient::new(wire))
+            }
+        };
+        let metadata = client
+            .topic_metadata(&topic)
+            .await
             .map_err(|e| fail("the partitions", &e))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic.as_str())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
+        let partitions: Vec<i32> = metadata.leaders.keys().copied().collect();
         if partitions.is_empty() {
-            return Err(format!(
-                "topic `{topic}` has no partitions on Kafka at {} (does it exist?)",
-                self.config.bootstrap
-            ));
+            return Err(format!("topic `{topic}` has no partitions on Kafka at {bootstrap}"));
         }
-        partitions
+        let low = client
+            .list_offsets(&topic, &partitions, OffsetSpec::Earliest)
+            .await
+            .map_err(|e| fail("the first offsets", &e))?;
+        let end = client
+            .list_offsets(&topic, &partitions, OffsetSpec::LastStable)
+            .await
+            .map_err(|e| fail("the end offsets", &e))?;
+        Ok(partitions
             .into_iter()
-            .map(|p| {
-                let offsets = consumer
-                    .fetch_watermarks(topic, p, REQUEST_TIMEOUT)
-                    .map_err(|e| fail(&format!("the end offset of partition {p}"), &e))?;
-                Ok((p, offsets))
-            })
-            .collect()
+            .filter_map(|p| Some((p, (low.get(&p).copied()??, end.get(&p).copied()??))))
+            .collect())
     }
 }
 

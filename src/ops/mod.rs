@@ -51,7 +51,7 @@ pub fn spawn_lag_monitor(file: &PipelineFile, observed: &Observed, interval: Dur
     let SourceSection::Kafka(kafka) = &file.source else {
         return None;
     };
-    let probe = lag::KafkaLagProbe::new(kafka);
+    let mut probe = lag::KafkaLagProbe::new(kafka);
     let file = file.clone();
     let reading = observed.lag.clone();
     Some(tokio::spawn(async move {
@@ -60,30 +60,26 @@ pub fn spawn_lag_monitor(file: &PipelineFile, observed: &Observed, interval: Dur
         let mut failing = false;
         loop {
             tick.tick().await;
-            let probe = probe.clone();
             let file = file.clone();
-            let result = tokio::task::spawn_blocking(move || {
-                // The checkpoint sequences are listed again at every tick:
-                // the regions' folders appear one by one as the runtime
-                // starts them, and a list taken while only some existed
-                // would leave the others' partitions unread for good.
-                let positions = status::latest_positions(&status::sequences(&file));
-                probe.lag(positions.as_ref())
-            })
-            .await;
-            match result {
-                Ok(Ok(lag)) => {
+            // The checkpoint sequences are listed again at every tick: the
+            // regions' folders appear one by one as the runtime starts them,
+            // and a list taken while only some existed would leave the
+            // others' partitions unread for good.
+            let positions =
+                tokio::task::spawn_blocking(move || status::latest_positions(&status::sequences(&file))).await;
+            let Ok(positions) = positions else { return };
+            match probe.lag(positions.as_ref()).await {
+                Ok(lag) => {
                     failing = false;
                     *reading.write().unwrap_or_else(|e| e.into_inner()) = Some(lag);
                 }
-                Ok(Err(error)) => {
+                Err(error) => {
                     if !failing {
                         tracing::warn!(error = %redact::redact(&error), "cannot read the consumer lag; retrying");
                     }
                     failing = true;
                     *reading.write().unwrap_or_else(|e| e.into_inner()) = None;
                 }
-                Err(_) => return,
             }
         }
     }))

@@ -23,6 +23,9 @@ use exactly_core::{CheckpointEntry, CheckpointStore, FsCheckpointStore, Prepared
 use serde::Serialize;
 
 use super::lag::{KafkaLagProbe, PartitionLag};
+
+/// How long `exactly status` waits for the brokers' end offsets.
+const LAG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 use super::redact::redact;
 use crate::config::{PipelineFile, SourceSection};
 
@@ -230,9 +233,10 @@ pub async fn status(file: &PipelineFile) -> anyhow::Result<StatusReport> {
 
     let consumer_lag = match &file.source {
         SourceSection::Kafka(k) => {
-            let probe = KafkaLagProbe::new(k);
+            let mut probe = KafkaLagProbe::new(k);
             let positions = latest_positions(&sequences);
-            match tokio::task::spawn_blocking(move || probe.lag(positions.as_ref())).await? {
+            let reading = tokio::time::timeout(LAG_TIMEOUT, probe.lag(positions.as_ref())).await;
+            match reading.unwrap_or_else(|_| Err(format!("no answer from Kafka within {LAG_TIMEOUT:?}"))) {
                 Ok(lag) => Some(lag),
                 Err(e) => {
                     problems.push(format!("cannot read the consumer lag: {}", redact(&e)));

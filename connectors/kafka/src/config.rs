@@ -115,7 +115,7 @@ pub struct KafkaSourceConfig {
     /// - connections: `client.id`, `request.timeout.ms`,
     ///   `socket.timeout.ms`, `socket.connection.setup.timeout.ms`;
     /// - fetching: `fetch.wait.max.ms` (500), `fetch.min.bytes` (1),
-    ///   `fetch.max.bytes` (1 MiB), `max.partition.fetch.bytes` (1 MiB),
+    ///   `fetch.max.bytes` (4 MiB), `max.partition.fetch.bytes` (1 MiB),
     ///   `queued.max.messages.kbytes` (4096: each subtask reads about 4 MiB
     ///   ahead), `auto.offset.reset` (`earliest`), `fetch.error.backoff.ms`
     ///   (100), `reconnect.backoff.max.ms` (1000) (see
@@ -418,6 +418,12 @@ impl KafkaSourceConfig {
         self.client_settings().map(|_| ())
     }
 
+    /// How the source reaches the brokers (bootstrap, security, timeouts),
+    /// for other clients of the same cluster (the lag monitor's, say).
+    pub fn wire_config(&self) -> Result<WireConfig, KafkaConfigError> {
+        Ok(self.client_settings()?.0)
+    }
+
     /// How the source reaches the brokers and fetches, from `bootstrap`
     /// and `properties`. A malformed value is an error naming its key.
     pub(crate) fn client_settings(&self) -> Result<(WireConfig, FetchSettings), KafkaConfigError> {
@@ -435,6 +441,19 @@ impl KafkaSourceConfig {
         };
         let wire = WireConfig::from_properties(&self.bootstrap, &self.properties).map_err(wrong)?;
         let fetch = FetchSettings::from_properties(&self.properties).map_err(wrong)?;
+        let timeout = wire.options.request_timeout;
+        if fetch.max_wait >= timeout {
+            return Err(KafkaConfigError {
+                connector: "source",
+                key: "properties.\"fetch.wait.max.ms\"".into(),
+                problem: format!(
+                    "({} ms) must be below request.timeout.ms ({} ms): a broker holds a Fetch that long when there \
+                     is nothing new, and the request would time out every time; lower it or raise request.timeout.ms",
+                    fetch.max_wait.as_millis(),
+                    timeout.as_millis()
+                ),
+            });
+        }
         Ok((wire, fetch))
     }
 }

@@ -36,6 +36,7 @@
 //! | `coordinator.before_persist` | every task acknowledged; nothing persisted |
 //! | `store.before_fsync` | the entry is half written (temporary file) |
 //! | `coordinator.after_persist` | checkpoint durable; no sink has committed |
+//! | `coordinator.after_persist_pending` | the same, counting only checkpoints that list pre-committed transactions (however fast a source is, the kill leaves something to finish) |
 //! | `sink.before_commit` | a sink subtask is about to commit a completed checkpoint (a delay point) |
 //! | `sink.after_commit` | one sink subtask committed; others may not have |
 //! | `recovery.after_commit` | recovery committed one subtask's pending transactions |

@@ -266,14 +266,16 @@ fn varlong(buf: &mut Bytes) -> Result<i64, String> {
     Err("a truncated or overlong varint".into())
 }
 
-/// The marker a control batch carries, from the key of its control record.
+/// The marker a control batch carries, from the key of its control record;
+/// [`ControlMarker::Emptied`] for a control batch without a record
+/// (compaction keeps a producer's last marker as an empty batch once the
+/// marker's delete horizon passed).
 pub(crate) fn control_marker(header: &BatchHeader, batch: Bytes) -> Result<ControlMarker, String> {
     let records = decode_records(batch)?;
-    let key = records
-        .first()
-        .and_then(|record| record.key.as_deref())
-        .unwrap_or_default();
-    ControlMarker::from_key(key).ok_or_else(|| {
+    let Some(record) = records.first() else {
+        return Ok(ControlMarker::Emptied);
+    };
+    ControlMarker::from_key(record.key.as_deref().unwrap_or_default()).ok_or_else(|| {
         format!(
             "the control batch at offset {} has no valid control key",
             header.base_offset

@@ -28,6 +28,10 @@ pub enum ControlMarker {
     /// Any other type (e.g. KRaft's leader-change records): no effect on
     /// transactions.
     Other(i16),
+    /// A control batch without its record: compaction keeps a producer's
+    /// last marker as an empty batch once the marker's delete horizon
+    /// passed. No effect on transactions.
+    Emptied,
 }
 
 impl ControlMarker {
@@ -242,7 +246,7 @@ impl CommittedFilter {
         let committed = match marker {
             ControlMarker::Commit => true,
             ControlMarker::Abort => false,
-            ControlMarker::Other(_) => return,
+            ControlMarker::Other(_) | ControlMarker::Emptied => return,
         };
         let (first_offset, records) = match self.held.remove(&batch.producer_id) {
             Some((open, records)) => (Some(open.first_offset), records),

@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{admin, fresh, kafka, new_topic};
+use common::{admin, fresh, kafka, new_topic, producer, send, TXN_TIMEOUT};
 use exactly_kafka_wire::kafka_protocol::ResponseError;
 use exactly_kafka_wire::{ConsumerClient, OffsetSpec, WireConfig, WireError};
 use exactly_testkit::KafkaBroker;
@@ -231,6 +231,43 @@ async fn list_offsets_finds_ends_and_times() {
         .is_empty());
     let negative = client.list_offsets(&topic, &all, at(-1)).await;
     assert!(matches!(negative, Err(WireError::InvalidConfig { .. })), "{negative:?}");
+}
+
+#[tokio::test]
+async fn the_last_stable_offset_stops_at_an_open_transaction() {
+    let bootstrap = kafka().bootstrap();
+    let topic = new_topic(bootstrap, "wire-lso", 1).await;
+    let plain: Vec<String> = (0..3).map(|i| format!("plain-{i}")).collect();
+    send(&producer(bootstrap, &[]), &topic, 1, &plain);
+    let open = producer(bootstrap, &[("transactional.id", &fresh("lso"))]);
+    open.init_transactions(TXN_TIMEOUT).unwrap();
+    open.begin_transaction().unwrap();
+    send(&open, &topic, 1, &["inside".to_string()]);
+    let mut client = client(bootstrap);
+    let (latest, stable) = (
+        client.list_offsets(&topic, &[0], OffsetSpec::Latest).await.unwrap(),
+        client.list_offsets(&topic, &[0], OffsetSpec::LastStable).await.unwrap(),
+    );
+    assert_eq!(
+        (latest[&0], stable[&0]),
+        (Some(4), Some(3)),
+        "the high watermark counts the open transaction's record, the last stable offset stops before it"
+    );
+    open.commit_transaction(TXN_TIMEOUT).unwrap();
+    // The COMMIT marker takes an offset too; both ends meet past it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let latest = client.list_offsets(&topic, &[0], OffsetSpec::Latest).await.unwrap();
+        let stable = client.list_offsets(&topic, &[0], OffsetSpec::LastStable).await.unwrap();
+        if latest == stable && latest[&0] == Some(5) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ends {latest:?} and {stable:?} never met at 5"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]

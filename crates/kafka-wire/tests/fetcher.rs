@@ -8,10 +8,12 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::{fresh, kafka, new_topic, producer, send, TXN_TIMEOUT};
+use common::{admin, fresh, kafka, new_topic, producer, send, TXN_TIMEOUT};
 use exactly_kafka_wire::{FetchSettings, FetchedChunk, Fetcher, OffsetReset, WireClient, WireConfig, WireError};
 use exactly_testkit::KafkaBroker;
+use rdkafka::admin::AdminOptions;
 use rdkafka::producer::Producer;
+use rdkafka::{Offset, TopicPartitionList};
 
 /// How long a test waits for records it expects.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -186,37 +188,66 @@ async fn starts_at_the_given_offsets_and_takes_partitions_added_later() {
     );
 }
 
-#[tokio::test]
-async fn an_out_of_range_position_continues_as_auto_offset_reset_says() {
-    let bootstrap = kafka().bootstrap();
-    let topic = new_topic(bootstrap, "fetch-range", 1).await;
-    send(&producer(bootstrap, &[]), &topic, 1, &values("v", 5));
-
-    let mut earliest = start(bootstrap, &topic, &[(0, 1_000)], FetchSettings::default());
-    let mut delivered = Delivered::default();
-    fetch_until(&mut earliest, &mut delivered, |d| d.count() >= 5).await;
-    assert_eq!(delivered.values[&0].first().map(|(o, _)| *o), Some(0));
-
-    let settings = FetchSettings {
-        offset_reset: OffsetReset::Error,
-        ..FetchSettings::default()
-    };
-    let mut strict = start(bootstrap, &topic, &[(0, 1_000)], settings);
+/// The error a fetcher stops with, waiting up to [`PATIENCE`] for it;
+/// a chunk before it fails the test.
+async fn stops_with(fetcher: &mut Fetcher) -> WireError {
     let deadline = Instant::now() + PATIENCE;
-    let error = loop {
-        match strict.next(Duration::from_millis(200)).await {
-            Err(error) => break error,
+    loop {
+        match fetcher.next(Duration::from_millis(200)).await {
+            Err(error) => return error,
             Ok(chunk) => {
                 assert!(chunk.is_none(), "a record from an out-of-range position: {chunk:?}");
                 assert!(Instant::now() < deadline, "no error for an out-of-range position");
             }
         }
+    }
+}
+
+#[tokio::test]
+async fn records_deleted_before_they_were_read_are_skipped_as_auto_offset_reset_says() {
+    let bootstrap = kafka().bootstrap();
+    let topic = new_topic(bootstrap, "fetch-retention", 1).await;
+    send(&producer(bootstrap, &[]), &topic, 1, &values("v", 5));
+    let mut truncate = TopicPartitionList::new();
+    truncate.add_partition_offset(&topic, 0, Offset::Offset(3)).unwrap();
+    admin(bootstrap)
+        .delete_records(&truncate, &AdminOptions::new())
+        .await
+        .expect("DeleteRecords");
+
+    let mut earliest = start(bootstrap, &topic, &[(0, 1)], FetchSettings::default());
+    let mut delivered = Delivered::default();
+    fetch_until(&mut earliest, &mut delivered, |d| d.count() >= 2).await;
+    assert_eq!(delivered.values[&0], [(3, "v-3".to_string()), (4, "v-4".to_string())]);
+    assert_eq!(earliest.counters().positions_reset(), 1, "the skip is counted");
+
+    let settings = FetchSettings {
+        offset_reset: OffsetReset::Error,
+        ..FetchSettings::default()
     };
+    let error = stops_with(&mut start(bootstrap, &topic, &[(0, 1)], settings)).await;
     let message = error.to_string();
     assert!(
-        message.contains("auto.offset.reset") && message.contains("1000") && !error.is_retriable(),
+        message.contains("retention deleted offsets 1 to 2")
+            && message.contains("auto.offset.reset")
+            && !error.is_retriable(),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn a_position_past_the_logs_end_stops_the_fetcher_whatever_auto_offset_reset_says() {
+    let bootstrap = kafka().bootstrap();
+    let topic = new_topic(bootstrap, "fetch-past-end", 1).await;
+    send(&producer(bootstrap, &[]), &topic, 1, &values("v", 5));
+    let mut fetcher = start(bootstrap, &topic, &[(0, 1_000)], FetchSettings::default());
+    let error = stops_with(&mut fetcher).await;
+    let message = error.to_string();
+    assert!(
+        message.contains("ends at offset 5, below the position 1000") && message.contains("recreated"),
+        "{message}"
+    );
+    assert!(!error.is_retriable());
 }
 
 #[tokio::test]

@@ -33,6 +33,10 @@ pub struct KafkaSourceMetricsSnapshot {
     pub group_commit_failures: u64,
     /// Partitions picked up by partition discovery after the start.
     pub partitions_discovered: u64,
+    /// Partitions moved on because retention had deleted records before
+    /// they were read (`auto.offset.reset`); each was logged with the
+    /// offsets skipped. Above 0, records were lost to retention.
+    pub positions_reset: u64,
 }
 
 impl KafkaSourceMetrics {
@@ -43,6 +47,7 @@ impl KafkaSourceMetrics {
             group_commits: self.group_commits.load(Ordering::Relaxed),
             group_commit_failures: self.group_commit_failures.load(Ordering::Relaxed),
             partitions_discovered: self.partitions_discovered.load(Ordering::Relaxed),
+            positions_reset: self.fetch.positions_reset(),
         }
     }
 

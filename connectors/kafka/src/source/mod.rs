@@ -192,7 +192,7 @@ struct KafkaSource {
     /// Every partition of the topic seen so far, owned or not.
     known: BTreeSet<i32>,
     progress: Progress,
-    /// With `stop_at_end`: the high watermark of every owned partition at start.
+    /// With `stop_at_end`: the last stable offset of every owned partition at start.
     end: Option<BTreeMap<i32, i64>>,
     names: SplitNames,
 }
@@ -202,6 +202,9 @@ struct Reading {
     fetcher: Fetcher,
     /// The chunk being handed out.
     draining: Option<Draining>,
+    /// The error the fetcher stopped with while a poll had records to hand
+    /// out already: reported by the next poll.
+    stopped: Option<WireError>,
     discovery: Discovery,
     committer: GroupCommitter,
 }
@@ -253,17 +256,29 @@ impl KafkaSource {
         let settings = self.settings.clone();
         let topic = settings.topic();
         let reading = self.reading.as_mut().expect("checked by the caller");
+        if let Some(error) = reading.stopped.take() {
+            return Err(settings.fatal(error));
+        }
         let mut records = Vec::new();
         let mut waited = false;
         while records.len() < max {
             let Some(draining) = reading.draining.as_mut() else {
-                let chunk = match reading.fetcher.try_next().map_err(|e| settings.fatal(e))? {
-                    Some(chunk) => Some(chunk),
-                    None if records.is_empty() && !waited => {
+                let chunk = match reading.fetcher.try_next() {
+                    Ok(None) if records.is_empty() && !waited => {
                         waited = true;
-                        reading.fetcher.next(POLL_WAIT).await.map_err(|e| settings.fatal(e))?
+                        reading.fetcher.next(POLL_WAIT).await
                     }
-                    None => None,
+                    other => other,
+                };
+                let chunk = match chunk {
+                    Ok(chunk) => chunk,
+                    Err(error) if records.is_empty() => return Err(settings.fatal(error)),
+                    Err(error) => {
+                        // The records taken are handed out (their offsets
+                        // are past `next` already); the error comes next.
+                        reading.stopped = Some(error);
+                        None
+                    }
                 };
                 let Some(chunk) = chunk else { break };
                 let split = self.names.of(topic, chunk.partition);
@@ -346,6 +361,7 @@ impl Source for KafkaSource {
         self.reading = Some(Reading {
             fetcher,
             draining: None,
+            stopped: None,
             discovery: Discovery::new(opened.client, &settings),
             committer: GroupCommitter::start(settings.clone()),
         });
@@ -406,12 +422,13 @@ impl Source for KafkaSource {
     }
 }
 
-/// The high watermark of each of `partitions`.
+/// The last stable offset of each of `partitions`: the end a bounded run
+/// reads up to (a transaction still open at start is not waited for).
 async fn end_offsets(
     client: &mut ConsumerClient,
     topic: &str,
     partitions: &[i32],
 ) -> Result<BTreeMap<i32, i64>, WireError> {
-    let found = client.list_offsets(topic, partitions, OffsetSpec::Latest).await?;
+    let found = client.list_offsets(topic, partitions, OffsetSpec::LastStable).await?;
     Ok(found.into_iter().filter_map(|(p, o)| Some((p, o?))).collect())
 }

@@ -144,7 +144,9 @@ async fn resolve(
     let topic = settings.topic();
     let found = match start {
         StartPosition::Earliest => client.list_offsets(topic, partitions, OffsetSpec::Earliest).await?,
-        StartPosition::Latest => client.list_offsets(topic, partitions, OffsetSpec::Latest).await?,
+        // The end a read_committed consumer sees: never inside a
+        // transaction still open, whose first records would be skipped.
+        StartPosition::Latest => client.list_offsets(topic, partitions, OffsetSpec::LastStable).await?,
         StartPosition::Timestamp(ms) => {
             let mut found = client
                 .list_offsets(topic, partitions, OffsetSpec::Timestamp(ms))
@@ -152,7 +154,7 @@ async fn resolve(
             let after: Vec<i32> = found.iter().filter(|(_, o)| o.is_none()).map(|(p, _)| *p).collect();
             if !after.is_empty() {
                 // No record at or after the time: start at the end.
-                found.extend(client.list_offsets(topic, &after, OffsetSpec::Latest).await?);
+                found.extend(client.list_offsets(topic, &after, OffsetSpec::LastStable).await?);
             }
             found
         }

@@ -212,6 +212,7 @@ impl<'p> Driver<'p> {
         match action {
             Action::Trigger { checkpoint } => self.trigger(checkpoint).await?,
             Action::Persist { data } => {
+                let lists_pending = data.pending.values().any(|pending| !pending.is_empty());
                 let entry = CheckpointEntry::new(self.pipeline.descriptor(), data);
                 let store = self.region.store.clone();
                 let tx = self.wired.report_tx.clone();
@@ -230,6 +231,9 @@ impl<'p> Driver<'p> {
                     let result = store.save(&entry);
                     if result.is_ok() {
                         point("coordinator.after_persist");
+                        if lists_pending {
+                            point("coordinator.after_persist_pending");
+                        }
                         // The new entry is durable whatever happens here.
                         if let Err(error) = store.prune() {
                             metrics.store_cleanup_failed();

@@ -182,3 +182,13 @@ fn varints_round_trip_and_overlong_ones_are_refused() {
     let mut overlong = Bytes::from_static(&[0xff; 11]);
     assert!(varlong(&mut overlong).is_err());
 }
+
+#[test]
+fn an_emptied_control_batch_marks_nothing() {
+    // Compaction keeps a producer's last marker as a control batch without
+    // its record.
+    let raw = batch(7, CONTROL | TRANSACTIONAL, 0, 0, &[]);
+    let header = BatchHeader::read(&raw).unwrap();
+    assert!(header.control && header.transactional);
+    assert_eq!(control_marker(&header, raw).unwrap(), ControlMarker::Emptied);
+}

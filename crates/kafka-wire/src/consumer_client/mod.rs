@@ -81,13 +81,14 @@ impl ConsumerClient {
 
     /// The offset at `spec` of each of `partitions` of `topic` (duplicates
     /// are asked once): Metadata, then one ListOffsets per leader for its
-    /// partitions, read_uncommitted.
+    /// partitions (read_committed for `LastStable` and times, read_uncommitted for the log's ends).
     ///
     /// [`Earliest`](OffsetSpec::Earliest) is the log start offset,
     /// [`Latest`](OffsetSpec::Latest) the high watermark,
+    /// [`LastStable`](OffsetSpec::LastStable) the last stable offset,
     /// [`Timestamp`](OffsetSpec::Timestamp) the offset of the first record
     /// whose timestamp is at or after the time, `None` when there is none.
-    /// The two ends are always `Some`.
+    /// The ends (every spec but a time) are always `Some`.
     ///
     /// Errors: a partition the topic does not have is
     /// UNKNOWN_TOPIC_OR_PARTITION, one without a leader its metadata error
@@ -112,7 +113,8 @@ impl ConsumerClient {
         let timeout = self.config.options.request_timeout;
         let mut offsets = BTreeMap::new();
         for (address, partitions) in by_leader {
-            let request = |_| requests::list_offsets(topic, &partitions, timestamp, timeout);
+            let isolation = spec.isolation_level();
+            let request = |_| requests::list_offsets(topic, &partitions, timestamp, isolation, timeout);
             let (_, response) = self
                 .connections
                 .request(&address, &self.config, LIST_OFFSETS, request)

@@ -43,10 +43,9 @@ const OFFSET_FETCH_GROUPS: i16 = 8;
 const OFFSET_FETCH_REQUIRE_STABLE: i16 = 7;
 /// ListOffsets timestamp asking for the log start offset.
 pub(super) const EARLIEST_TIMESTAMP: i64 = -2;
-/// ListOffsets timestamp asking for the high watermark (read_uncommitted).
+/// ListOffsets timestamp asking for the end: the high watermark
+/// (read_uncommitted) or the last stable offset (read_committed).
 pub(super) const LATEST_TIMESTAMP: i64 = -1;
-/// Isolation level read_uncommitted: Latest is the high watermark.
-const READ_UNCOMMITTED: i8 = 0;
 /// Generation id of a member of no group: a standalone ("simple")
 /// consumer's commit.
 const NO_GENERATION: i32 = -1;
@@ -76,9 +75,16 @@ fn group_id(group: &str) -> GroupId {
 
 /// ListOffsets for `partitions` of `topic` at `timestamp` (a time in
 /// milliseconds, [`EARLIEST_TIMESTAMP`] or [`LATEST_TIMESTAMP`]), as a
-/// consumer (replica id -1) reading uncommitted. The same request encodes in
-/// every version of [`LIST_OFFSETS`]; `timeout` is only sent from v10 on.
-pub(super) fn list_offsets(topic: &str, partitions: &[i32], timestamp: i64, timeout: Duration) -> ListOffsetsRequest {
+/// consumer (replica id -1) with `isolation_level` (0 read_uncommitted, 1
+/// read_committed). The same request encodes in every version of
+/// [`LIST_OFFSETS`]; `timeout` is only sent from v10 on.
+pub(super) fn list_offsets(
+    topic: &str,
+    partitions: &[i32],
+    timestamp: i64,
+    isolation_level: i8,
+    timeout: Duration,
+) -> ListOffsetsRequest {
     let partitions = partitions
         .iter()
         .map(|&partition| {
@@ -95,7 +101,7 @@ pub(super) fn list_offsets(topic: &str, partitions: &[i32], timestamp: i64, time
     // The default replica id, 0, would make this a follower of broker 0.
     ListOffsetsRequest::default()
         .with_replica_id(BrokerId(-1))
-        .with_isolation_level(READ_UNCOMMITTED)
+        .with_isolation_level(isolation_level)
         .with_timeout_ms(timeout_ms)
         .with_topics(topics)
 }

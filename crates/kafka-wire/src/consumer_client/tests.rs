@@ -183,7 +183,7 @@ fn only_failed_exchanges_drop_the_connection() {
 
 #[test]
 fn list_offsets_requests_encode_in_every_version() {
-    let request = requests::list_offsets("t", &[0, 2], -2, Duration::from_secs(30));
+    let request = requests::list_offsets("t", &[0, 2], -2, 0, Duration::from_secs(30));
     for version in LIST_OFFSETS.min..=LIST_OFFSETS.max {
         let decoded: ListOffsetsRequest = roundtrip(&request, version);
         assert_eq!(decoded.replica_id.0, -1, "v{version}: a consumer, not a follower");

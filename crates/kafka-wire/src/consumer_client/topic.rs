@@ -72,18 +72,31 @@ pub enum OffsetSpec {
     /// The high watermark: the offset the next record produced will get
     /// (transactions still open included, as read_uncommitted sees it).
     Latest,
+    /// The last stable offset: the end a read_committed consumer can read
+    /// up to now (below the first record of a transaction still open; the
+    /// high watermark when none is).
+    LastStable,
     /// The offset of the first record whose timestamp is at or after this
-    /// time (milliseconds since the Unix epoch, `>= 0`).
+    /// time (milliseconds since the Unix epoch, `>= 0`), below the last
+    /// stable offset (asked read_committed).
     Timestamp(i64),
 }
 
 impl OffsetSpec {
+    /// The ListOffsets isolation level of this spec: read_committed (1) for
+    /// [`LastStable`](OffsetSpec::LastStable) and times (as a read_committed
+    /// consumer asks: never an offset inside a transaction still open),
+    /// read_uncommitted (0) for the log's ends.
+    pub(super) fn isolation_level(self) -> i8 {
+        i8::from(matches!(self, OffsetSpec::LastStable | OffsetSpec::Timestamp(_)))
+    }
+
     /// The ListOffsets `timestamp` of this spec. A negative time is refused:
     /// Kafka reads -1, -2, ... as special positions, not as times.
     pub(super) fn wire_timestamp(self) -> Result<i64, WireError> {
         match self {
             OffsetSpec::Earliest => Ok(EARLIEST_TIMESTAMP),
-            OffsetSpec::Latest => Ok(LATEST_TIMESTAMP),
+            OffsetSpec::Latest | OffsetSpec::LastStable => Ok(LATEST_TIMESTAMP),
             OffsetSpec::Timestamp(ms) if ms >= 0 => Ok(ms),
             OffsetSpec::Timestamp(ms) => Err(WireError::InvalidConfig {
                 key: "OffsetSpec::Timestamp".into(),

@@ -77,10 +77,11 @@ pub(super) struct Driver {
     busy: BTreeSet<String>,
     in_flight: JoinSet<Answer>,
     metadata: MetadataState,
-    /// Turns the order of partitions in a request, so each comes first in
-    /// turn (a broker always sends the first partition's next batch, even
-    /// one larger than the byte limits).
-    rotation: usize,
+    /// Per leader, turns the order of its partitions in a request, so each
+    /// comes first in turn: a broker always sends the first partition's
+    /// next batch, even one larger than the byte limits, and fills the
+    /// answer from the first partitions first.
+    rotation: BTreeMap<String, usize>,
     counters: Arc<FetchCounters>,
     out: mpsc::UnboundedSender<Result<FetchedChunk, WireError>>,
     queued: Arc<Semaphore>,
@@ -115,7 +116,7 @@ impl Driver {
                 retry_at: Instant::now(),
                 failures: 0,
             },
-            rotation: 0,
+            rotation: BTreeMap::new(),
             counters,
             out,
         }
@@ -192,7 +193,8 @@ impl Driver {
             // Elections take a moment; ask again.
             self.metadata.failures += 1;
             self.metadata.retry_at = Instant::now() + self.backoff(self.metadata.failures);
-            debug!(topic = %self.topic, ?leaderless, "partitions without a leader yet");
+            let problem = format!("partitions {leaderless:?} have no leader (or are missing from the metadata)");
+            self.transient(self.metadata.failures == 1, "finding the partitions' leaders", &problem);
         }
         Ok(())
     }
@@ -211,9 +213,7 @@ impl Driver {
             }
         }
         for (leader, mut partitions) in by_leader {
-            let turn = self.rotation % partitions.len();
-            partitions.rotate_left(turn);
-            self.rotation = self.rotation.wrapping_add(1);
+            self.take_turns(&leader, &mut partitions);
             let mut asked = BTreeMap::new();
             let wanted: Vec<FetchPartition> = partitions
                 .iter()
@@ -256,13 +256,26 @@ impl Driver {
         }
     }
 
-    /// The earliest moment a partition or the metadata waits for.
+    /// Puts `partitions` of `leader` in the order of its next request: each
+    /// of them first in turn.
+    fn take_turns(&mut self, leader: &str, partitions: &mut [i32]) {
+        let turn = self.rotation.entry(leader.to_string()).or_default();
+        partitions.rotate_left(*turn % partitions.len().max(1));
+        *turn = turn.wrapping_add(1);
+    }
+
+    /// The earliest moment a partition or the metadata waits for. A
+    /// partition whose leader has a Fetch in flight waits for its answer,
+    /// which wakes the loop anyway.
     fn next_wake(&self) -> Option<Instant> {
+        let now = Instant::now();
         let partitions = self
             .partitions
             .values()
-            .filter(|state| !state.in_flight && state.leader.is_some())
-            .filter_map(|state| state.retry_at);
+            .filter(|state| !state.in_flight)
+            .filter(|state| state.leader.as_ref().is_some_and(|leader| !self.busy.contains(leader)))
+            .filter_map(|state| state.retry_at)
+            .filter(|at| *at > now);
         let metadata = self.metadata.stale.then_some(self.metadata.retry_at);
         partitions.chain(metadata).min()
     }
@@ -325,14 +338,14 @@ impl Driver {
         match ResponseError::try_from_code(data.error_code) {
             None => {}
             Some(ResponseError::OffsetOutOfRange) => return self.reset(partition, asked_at).await,
-            Some(error) => {
+            Some(code) => {
                 let error = WireError::Broker {
                     addr: leader.to_string(),
                     api: ApiKey::Fetch,
-                    error,
+                    error: code,
                     message: Some(context),
                 };
-                if !error.is_retriable() {
+                if !retried(code) {
                     return Err(error);
                 }
                 self.failed([&partition], "fetching", &error);
@@ -388,64 +401,118 @@ impl Driver {
         let _ = self.out.send(Ok(chunk));
     }
 
-    /// A partition whose position is out of range continues where
-    /// [`FetchSettings::offset_reset`] says, or the fetcher stops.
+    /// A partition whose position is out of range. Below the log's start
+    /// (retention deleted records not read yet) it continues where
+    /// [`FetchSettings::offset_reset`] says, counted and warned about, or
+    /// the fetcher stops under [`OffsetReset::Error`]. Past the log's end
+    /// (the topic was recreated, or an unclean leader election truncated
+    /// the log) the fetcher stops whatever the setting: going back would
+    /// hand out offsets the consumer has passed already, and skipping ahead
+    /// would lose what the new log holds there.
     async fn reset(&mut self, partition: i32, position: i64) -> Result<(), WireError> {
-        let spec = match self.settings.offset_reset {
-            OffsetReset::Earliest => OffsetSpec::Earliest,
-            OffsetReset::Latest => OffsetSpec::Latest,
-            OffsetReset::Error => {
-                return Err(WireError::Broker {
-                    addr: self.client.config().bootstrap().to_string(),
-                    api: ApiKey::Fetch,
-                    error: ResponseError::OffsetOutOfRange,
-                    message: Some(format!(
-                        "{}/{partition} has no offset {position} (deleted by retention, or the topic was \
-                         recreated) and auto.offset.reset = error",
-                        self.topic
-                    )),
-                })
-            }
+        let context = format!("{}/{partition}", self.topic);
+        let bounds = async {
+            let start = self
+                .client
+                .list_offsets(&self.topic, &[partition], OffsetSpec::Earliest)
+                .await?;
+            let end = self
+                .client
+                .list_offsets(&self.topic, &[partition], OffsetSpec::Latest)
+                .await?;
+            Ok::<_, WireError>((
+                start.get(&partition).copied().flatten(),
+                end.get(&partition).copied().flatten(),
+            ))
         };
-        let found = match self.client.list_offsets(&self.topic, &[partition], spec).await {
-            Ok(found) => found.get(&partition).copied().flatten(),
+        let (start, end) = match bounds.await {
+            Ok((Some(start), Some(end))) => (start, end),
+            Ok(_) => return Err(self.out_of_range(&context, "the broker names no bounds for it".into())),
             Err(error) if error.is_retriable() => {
-                self.failed(
-                    [&partition],
-                    "looking up where an out-of-range partition continues",
-                    &error,
-                );
+                self.failed([&partition], "looking up an out-of-range partition's bounds", &error);
                 return Ok(());
             }
             Err(error) => return Err(error),
         };
+        if position > end {
+            return Err(self.out_of_range(
+                &context,
+                format!(
+                    "its log ends at offset {end}, below the position {position} it was read up to: the topic was \
+                     recreated, or an unclean leader election truncated it. The positions no longer match the log; \
+                     to read the topic anew, start the pipeline under a new `name` or `checkpoint.dir`"
+                ),
+            ));
+        }
+        if position >= start {
+            // In range again (the log start moved while the answer was on
+            // its way): fetch at the position once more.
+            self.failed(
+                [&partition],
+                "fetching",
+                &format!("{context}: offset {position} was out of range"),
+            );
+            return Ok(());
+        }
+        let continue_at = match self.settings.offset_reset {
+            OffsetReset::Earliest => start,
+            OffsetReset::Latest => {
+                match self
+                    .client
+                    .list_offsets(&self.topic, &[partition], OffsetSpec::LastStable)
+                    .await
+                {
+                    Ok(found) => found.get(&partition).copied().flatten().unwrap_or(end),
+                    Err(error) if error.is_retriable() => {
+                        self.failed([&partition], "looking up an out-of-range partition's end", &error);
+                        return Ok(());
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            OffsetReset::Error => {
+                return Err(self.out_of_range(
+                    &context,
+                    format!(
+                        "retention deleted offsets {position} to {} before they were read (the log starts at \
+                         {start}) and auto.offset.reset = error",
+                        start - 1
+                    ),
+                ))
+            }
+        };
+        self.counters.positions_reset.fetch_add(1, Ordering::Relaxed);
+        warn!(
+            topic = %self.topic,
+            partition,
+            position,
+            log_start = start,
+            continues_at = continue_at,
+            reset = ?self.settings.offset_reset,
+            "retention deleted records of the partition before they were read: continuing as auto.offset.reset \
+             says; the records in between are not read"
+        );
         let state = self
             .partitions
             .get_mut(&partition)
             .expect("asked for a known partition");
-        match found {
-            Some(offset) => {
-                warn!(
-                    topic = %self.topic,
-                    partition,
-                    position,
-                    continues_at = offset,
-                    reset = ?self.settings.offset_reset,
-                    "the partition has no record at the position (deleted by retention, or the topic was recreated): \
-                     continuing as auto.offset.reset says; records in between are not read"
-                );
-                state.position = offset;
-            }
-            None => {
-                state.retry_at = Some(Instant::now() + self.settings.backoff);
-            }
-        }
+        state.position = continue_at;
         Ok(())
+    }
+
+    /// The error that stops the fetcher for a partition out of range.
+    fn out_of_range(&self, context: &str, problem: String) -> WireError {
+        WireError::Broker {
+            addr: self.client.config().bootstrap().to_string(),
+            api: ApiKey::Fetch,
+            error: ResponseError::OffsetOutOfRange,
+            message: Some(format!("{context}: {problem}")),
+        }
     }
 
     /// Backs off `partitions` after a retriable `error` and reads the
     /// metadata again (a moved leader is the usual cause).
-    fn failed<'a>(&mut self, partitions: impl IntoIterator<Item = &'a i32>, what: &str, error: &WireError) {
+    fn failed<'a>(&mut self, partitions: impl IntoIterator<Item = &'a i32>, what: &str, error: &dyn std::fmt::Display) {
         let now = Instant::now();
         let mut first = false;
         for partition in partitions {
@@ -464,7 +531,7 @@ impl Driver {
 
     /// Counts a ridden-out error; logs it as a warning when it starts a
     /// run of failures, at debug level after that.
-    fn transient(&self, first: bool, what: &str, error: &WireError) {
+    fn transient(&self, first: bool, what: &str, error: &dyn std::fmt::Display) {
         self.counters.transient_errors.fetch_add(1, Ordering::Relaxed);
         if first {
             warn!(topic = %self.topic, %error, "{what} failed; retrying");
@@ -488,6 +555,19 @@ impl PartitionState {
             failures: 0,
             retry_at: None,
         }
+    }
+}
+
+/// Whether a partition's error code in a Fetch answer is retried, as
+/// Kafka's consumer does: the codes Kafka calls retriable (a moved leader,
+/// a partition being created, ...) and UNKNOWN_SERVER_ERROR, but not
+/// CORRUPT_MESSAGE (the log holds a corrupt batch: re-reading it gives the
+/// same) nor what a setting must fix (authorization).
+fn retried(code: ResponseError) -> bool {
+    match code {
+        ResponseError::CorruptMessage => false,
+        ResponseError::UnknownServerError => true,
+        other => other.is_retriable(),
     }
 }
 
@@ -524,6 +604,61 @@ async fn fetch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn driver(partitions: &[(i32, &str)]) -> Driver {
+        let (out, _) = mpsc::unbounded_channel();
+        let starts = partitions.iter().map(|(p, _)| (*p, 0)).collect();
+        let mut driver = Driver::new(
+            WireConfig::new("127.0.0.1:9").unwrap(),
+            "t",
+            starts,
+            FetchSettings::default(),
+            Arc::default(),
+            out,
+        );
+        for (p, leader) in partitions {
+            driver.partitions.get_mut(p).unwrap().leader = Some(leader.to_string());
+        }
+        driver.metadata.stale = false;
+        driver
+    }
+
+    #[test]
+    fn each_leaders_partitions_come_first_in_turn_whatever_the_other_leaders_do() {
+        let mut driver = driver(&[(0, "a"), (1, "b"), (2, "a"), (3, "b")]);
+        let mut firsts = Vec::new();
+        for _ in 0..4 {
+            // Leaders answer in turn, as they do with one Fetch in flight each.
+            for leader in ["a", "b"] {
+                let mut partitions: Vec<i32> = driver
+                    .partitions
+                    .iter()
+                    .filter(|(_, s)| s.leader.as_deref() == Some(leader))
+                    .map(|(p, _)| *p)
+                    .collect();
+                driver.take_turns(leader, &mut partitions);
+                firsts.push(partitions[0]);
+            }
+        }
+        assert_eq!(firsts, [0, 1, 2, 3, 0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_partition_waiting_for_its_busy_leader_does_not_wake_the_loop() {
+        let mut driver = driver(&[(0, "a"), (1, "a"), (2, "b")]);
+        let past = Instant::now() - std::time::Duration::from_millis(10);
+        driver.partitions.get_mut(&0).unwrap().retry_at = Some(past);
+        driver.partitions.get_mut(&1).unwrap().in_flight = true;
+        driver.busy.insert("a".into());
+        assert_eq!(
+            driver.next_wake(),
+            None,
+            "leader a's answer wakes the loop; no spinning until then"
+        );
+        let soon = Instant::now() + std::time::Duration::from_millis(50);
+        driver.partitions.get_mut(&2).unwrap().retry_at = Some(soon);
+        assert_eq!(driver.next_wake(), Some(soon));
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_longest() {

@@ -1,22 +1,5 @@
 //! [`Fetcher`]: reads partitions of one topic with read_committed Fetch
 //! requests, ahead of the consumer, in the background.
-//!
-//! A task of its own keeps one Fetch in flight per partition leader (each
-//! answer decoded as soon as it arrives: records are slices of the answer,
-//! keys and values are never copied), and queues what it read as
-//! [`FetchedChunk`]s, one per partition and answer, until
-//! [`FetchSettings::queued_max_bytes`] are queued; then it waits for the
-//! consumer. What it delivers is what a read_committed consumer sees
-//! (`aborted`): committed and plain records, never aborted ones, never
-//! transaction markers.
-//!
-//! Broker trouble is ridden out, as a consumer does: a connection that
-//! fails or a partition whose leader moved is retried with backoff after
-//! fresh metadata, and each such error is logged and counted
-//! ([`FetchCounters`]). Only what no retry cures reaches the
-//! consumer, as an `Err` from [`Fetcher::next`]: refused credentials or
-//! certificates, a topic it may not read, corrupt record batches, an
-//! offset out of range under [`OffsetReset::Error`].
 
 mod aborted;
 mod driver;
@@ -61,6 +44,7 @@ pub struct FetchedChunk {
 #[derive(Debug, Default)]
 pub struct FetchCounters {
     transient_errors: AtomicU64,
+    positions_reset: AtomicU64,
 }
 
 impl FetchCounters {
@@ -69,6 +53,13 @@ impl FetchCounters {
     /// read. Each was logged.
     pub fn transient_errors(&self) -> u64 {
         self.transient_errors.load(Ordering::Relaxed)
+    }
+
+    /// Partitions moved on because retention had deleted records before
+    /// they were read (`auto.offset.reset`); each was logged with what was
+    /// skipped.
+    pub fn positions_reset(&self) -> u64 {
+        self.positions_reset.load(Ordering::Relaxed)
     }
 }
 
@@ -79,9 +70,27 @@ enum Command {
     Add { partition: i32, offset: i64 },
 }
 
-/// Reads partitions of one topic in the background (see the [module
-/// documentation](self)). Dropping it stops its task and closes its
-/// connections.
+/// Reads partitions of one topic with read_committed Fetch requests,
+/// ahead of the consumer, in the background.
+///
+/// A task of its own keeps one Fetch in flight per partition leader (each
+/// answer decoded as soon as it arrives: records are slices of the answer,
+/// keys and values are never copied), and queues what it read as
+/// [`FetchedChunk`]s, one per partition and answer, until
+/// [`FetchSettings::queued_max_bytes`] are queued; then it waits for the
+/// consumer. What it delivers is what a read_committed consumer sees:
+/// committed and plain records, never aborted ones, never transaction
+/// markers.
+///
+/// Broker trouble is ridden out, as a consumer does: a connection that
+/// fails or a partition whose leader moved is retried with backoff after
+/// fresh metadata, and each such error is logged and counted
+/// ([`FetchCounters`]). Only what no retry cures reaches the consumer, as
+/// an `Err` from [`next`](Self::next): refused credentials or
+/// certificates, a topic it may not read, corrupt record batches, an
+/// offset out of range under [`OffsetReset::Error`].
+///
+/// Dropping it stops its task and closes its connections.
 #[derive(Debug)]
 pub struct Fetcher {
     commands: mpsc::UnboundedSender<Command>,
@@ -126,8 +135,8 @@ impl Fetcher {
     }
 
     /// The next chunk, waiting up to `wait` for one: `Ok(None)` when none
-    /// came. `Err` only for what no retry cures (see the module
-    /// documentation); the fetcher is done then.
+    /// came. `Err` only for what no retry cures (see [`Fetcher`]); the
+    /// fetcher is done then.
     pub async fn next(&mut self, wait: Duration) -> Result<Option<FetchedChunk>, WireError> {
         match tokio::time::timeout(wait, self.chunks.recv()).await {
             Err(_) => Ok(None),

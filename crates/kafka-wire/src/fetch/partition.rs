@@ -18,7 +18,10 @@ pub(crate) struct PartitionRead {
     pub next: i64,
     /// The answer held bytes but not one complete batch from the position
     /// on: the broker cut a batch at the partition's byte limit, so the
-    /// next Fetch must allow more.
+    /// next Fetch must allow more. (Apache Kafka sends nothing instead of
+    /// a cut first batch, and the partition waits for its turn to come
+    /// first in a request, when the broker sends its next batch whole;
+    /// brokers that send the cut bytes are served this way.)
     pub cut: bool,
 }
 

@@ -31,8 +31,9 @@ pub struct FetchSettings {
     /// Bytes a broker waits for before it answers (`fetch.min.bytes`,
     /// default 1: answer as soon as there is anything).
     pub min_bytes: i32,
-    /// Bytes one Fetch answer may hold (`fetch.max.bytes`, default 1 MiB).
-    /// A record batch larger than this still comes, alone.
+    /// Bytes one Fetch answer may hold (`fetch.max.bytes`, default 4 MiB):
+    /// room for several partitions' shares. A record batch larger than this
+    /// still comes, alone.
     pub max_bytes: i32,
     /// Bytes one partition may contribute to an answer
     /// (`max.partition.fetch.bytes`, default 1 MiB); raised for a
@@ -60,7 +61,7 @@ impl Default for FetchSettings {
         FetchSettings {
             max_wait: Duration::from_millis(500),
             min_bytes: 1,
-            max_bytes: 1024 * 1024,
+            max_bytes: 4 * 1024 * 1024,
             partition_max_bytes: 1024 * 1024,
             queued_max_bytes: 4 * 1024 * 1024,
             offset_reset: OffsetReset::Earliest,

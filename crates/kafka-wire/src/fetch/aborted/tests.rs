@@ -179,3 +179,34 @@ fn markers_are_decoded_only_for_control_batches_of_producers() {
     }
     assert_eq!(asked, 1);
 }
+
+#[test]
+fn an_emptied_marker_leaves_the_aborted_state_as_it_was() {
+    let batch = |base: i64, control: bool| BatchHeader {
+        base_offset: base,
+        last_offset: base,
+        producer_id: 5,
+        producer_epoch: 0,
+        transactional: true,
+        control,
+    };
+    let mut filter = AbortedFilter::new([(5, 0)]);
+    let judge = |filter: &mut AbortedFilter, header: BatchHeader, marker: ControlMarker| {
+        filter.judge(&header, || Ok::<_, ()>(marker)).unwrap()
+    };
+    assert_eq!(judge(&mut filter, batch(0, false), ControlMarker::Abort), Verdict::Skip);
+    assert_eq!(
+        judge(&mut filter, batch(1, true), ControlMarker::Emptied),
+        Verdict::Skip
+    );
+    assert_eq!(
+        judge(&mut filter, batch(2, false), ControlMarker::Abort),
+        Verdict::Skip,
+        "still the aborted transaction"
+    );
+    assert_eq!(judge(&mut filter, batch(3, true), ControlMarker::Abort), Verdict::Skip);
+    assert_eq!(
+        judge(&mut filter, batch(4, false), ControlMarker::Abort),
+        Verdict::Deliver
+    );
+}
