@@ -341,6 +341,43 @@ async fn latest_reads_only_what_is_produced_after_the_start_even_after_a_restore
     assert_eq!(values(&read(&mut again, 10).await), expected(20..30));
 }
 
+/// `latest` is the end a read_committed consumer sees: a transaction still
+/// open at the start is read whole once it commits, not from its middle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_starts_before_a_transaction_still_open() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let fx = Fixture::new("latest-open", 1).await;
+    fx.produce(0..5, 1).await;
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", fx.bootstrap())
+        .set("transactional.id", unique("latest-open"))
+        .create()
+        .unwrap();
+    let timeout = Duration::from_secs(30);
+    producer.init_transactions(timeout).unwrap();
+    producer.begin_transaction().unwrap();
+    for i in 5..8 {
+        let value = format!("v-{i}");
+        producer
+            .send(BaseRecord::<(), _>::to(&fx.topic).partition(0).payload(&value))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(timeout).unwrap();
+
+    let factory = fx.factory(|c| c.start = StartPosition::Latest);
+    let mut sources = subtasks(&factory, 1, None).await;
+    let split = format!("{}-0", fx.topic);
+    assert_eq!(
+        positions(&mut sources).get(&split),
+        Some(5),
+        "the start is the last stable offset, below the open transaction (its high watermark is 8)"
+    );
+    producer.commit_transaction(timeout).unwrap();
+    fx.produce(8..10, 1).await;
+    assert_eq!(values(&read(&mut sources, 5).await), expected(5..10));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timestamp_start_skips_older_records() {
     let fx = Fixture::new("timestamp", 3).await;
