@@ -9,7 +9,7 @@
 
 use std::pin::Pin;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{anyhow, bail, Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -23,7 +23,7 @@ use crate::input::end_offsets;
 use crate::runs::{env_u64, Kind};
 use crate::services::pg_connect;
 use crate::workload::{
-    copy_sql, order_json, owned_partitions, partition_of, RawJsonb, BATCH, CHECKPOINT_INTERVAL, COPY_SEGMENT_BYTES,
+    copy_sql, order_json, owned_partitions, partition_of, RawJsonb, CHECKPOINT_INTERVAL, COPY_SEGMENT_BYTES,
     COPY_TYPES, PARALLELISM, PARTITIONS,
 };
 use crate::Ctx;

@@ -276,14 +276,15 @@ pub fn pipeline_header(name: &str, guarantee: &str, restart: &str) -> String {
 /// writing, after pre-commit before the checkpoint is persisted, after it is
 /// persisted before the commit, between two subtasks' commits, and during
 /// recovery (after a crash that leaves something to recover). The kills
-/// after a persist come at the first checkpoint that lists pre-committed
-/// transactions, and the kill between commits at the first commits: a
+/// after a pre-commit and after a persist come at the first pre-commit and
+/// the first checkpoint that lists pre-committed transactions, and the kill
+/// between commits at the first commits: a
 /// fast source reads a bounded input to its end within an interval or two
 /// (10,000 records of Kafka in the first 50 ms), so a later checkpoint may
 /// list nothing and a later commit never come.
 pub const TWO_PHASE_CRASH_CASES: &[(&str, &[&str])] = &[
     ("while_writing", &["source.after_emit:40"]),
-    ("after_pre_commit_before_persist", &["sink.after_pre_commit:3"]),
+    ("after_pre_commit_before_persist", &["sink.after_pre_commit:1"]),
     ("after_persist_before_commit", &["coordinator.after_persist_pending:1"]),
     // Subtask 1 waits before its first commit while subtask 0 makes its
     // first and dies: one committed its checkpoint, the other did not.

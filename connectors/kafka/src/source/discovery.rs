@@ -5,11 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use exactly_kafka_wire::{ConsumerClient, WireError};
+use exactly_kafka_wire::{ConsumerClient, OffsetSpec, WireError};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::open::beginnings;
+use super::open::ends;
 use super::{owns, Settings};
 
 /// Partitions found by a discovery round.
@@ -105,7 +105,8 @@ async fn round(
             .filter(|p| owns(*p, subtask, parallelism))
             .collect();
         let fresh: Vec<i32> = new.iter().copied().filter(|p| !waiting.contains_key(p)).collect();
-        let starts = beginnings(&mut client, settings.topic(), &fresh).await?;
+        // New partitions start at their beginning (`start` is for a first start).
+        let starts = ends(&mut client, settings.topic(), &fresh, OffsetSpec::Earliest).await?;
         let added = new
             .iter()
             .filter_map(|p| Some((*p, waiting.get(p).or_else(|| starts.get(p)).copied()?)))

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exactly_core::{CheckpointId, ConnectorError, Poll, Record, Source, SourceFactory, SplitPositions};
-use exactly_kafka_wire::{ConsumerClient, FetchSettings, Fetcher, OffsetSpec, WireConfig, WireError};
+use exactly_kafka_wire::{FetchSettings, Fetcher, OffsetSpec, WireConfig, WireError};
 
 use crate::config::{KafkaConfigError, KafkaSourceConfig};
 use cluster::cluster_marker;
@@ -345,7 +345,9 @@ impl Source for KafkaSource {
         }
         if settings.config.stop_at_end {
             let owned: Vec<i32> = opened.next.keys().copied().collect();
-            let end = end_offsets(&mut opened.client, settings.topic(), &owned)
+            // The last stable offsets: a transaction still open at start is
+            // not waited for.
+            let end = open::ends(&mut opened.client, settings.topic(), &owned, OffsetSpec::LastStable)
                 .await
                 .map_err(|e| ConnectorError::transient(settings.context(), format!("reading the end offsets: {e}")))?;
             tracing::info!(source = %settings.label, subtask = self.subtask, ?end, "bounded run: reading up to these offsets");
@@ -420,15 +422,4 @@ impl Source for KafkaSource {
         }
         Ok(())
     }
-}
-
-/// The last stable offset of each of `partitions`: the end a bounded run
-/// reads up to (a transaction still open at start is not waited for).
-async fn end_offsets(
-    client: &mut ConsumerClient,
-    topic: &str,
-    partitions: &[i32],
-) -> Result<BTreeMap<i32, i64>, WireError> {
-    let found = client.list_offsets(topic, partitions, OffsetSpec::LastStable).await?;
-    Ok(found.into_iter().filter_map(|(p, o)| Some((p, o?))).collect())
 }

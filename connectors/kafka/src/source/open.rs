@@ -123,14 +123,16 @@ pub(super) async fn open(
     })
 }
 
-/// The first offset of each of `partitions` (new ones: `start` does not
-/// apply to them) — their log start offsets.
-pub(super) async fn beginnings(
+/// The offset of each of `partitions` at one of the log's ends
+/// ([`OffsetSpec::Earliest`], [`OffsetSpec::LastStable`], ...), which the
+/// broker always names.
+pub(super) async fn ends(
     client: &mut ConsumerClient,
     topic: &str,
     partitions: &[i32],
+    end: OffsetSpec,
 ) -> Result<BTreeMap<i32, i64>, WireError> {
-    let found = client.list_offsets(topic, partitions, OffsetSpec::Earliest).await?;
+    let found = client.list_offsets(topic, partitions, end).await?;
     Ok(found.into_iter().filter_map(|(p, o)| Some((p, o?))).collect())
 }
 
