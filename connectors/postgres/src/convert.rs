@@ -33,8 +33,9 @@ pub(crate) enum Cell<'a> {
     /// Already in binary `numeric` format.
     Numeric(Vec<u8>),
     Text(Cow<'a, str>),
-    /// JSON text sent as is (`json`, or `jsonb` with its version byte).
-    JsonText(Cow<'a, str>),
+    /// Checked JSON text sent as is (`json`, or `jsonb` with its version
+    /// byte); valid JSON is valid UTF-8, so it stays bytes.
+    JsonText(Cow<'a, [u8]>),
     Bool(bool),
     Bytes(Cow<'a, [u8]>),
     Json(Value),
@@ -80,7 +81,7 @@ impl ToSql for Cell<'_> {
                 if *ty == Type::JSONB {
                     out.put_u8(1);
                 }
-                out.put_slice(text.as_bytes());
+                out.put_slice(text);
                 Ok(IsNull::No)
             }
             Cell::Numeric(bytes) => {
@@ -300,19 +301,20 @@ fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: bool) -> Result<
 
 const NUL_IN_JSONB: &str = "jsonb cannot store the character \\u0000";
 
-/// `raw` as JSON text PostgreSQL accepts for `json` (or `jsonb`): UTF-8,
-/// valid JSON as strictly as `serde_json::Value` reads it (whole surrogate
-/// pairs, numbers in range, at most 128 levels deep) and, for `jsonb`, no
-/// `\\u0000` escape. `known_json`: that check already passed on these bytes.
-fn json_text(raw: &[u8], jsonb: bool, known_json: bool) -> Result<&str, String> {
-    let text = utf8(raw)?;
+/// `raw` as JSON text PostgreSQL accepts for `json` (or `jsonb`): valid
+/// JSON as strictly as `serde_json::Value` reads it (UTF-8 strings with
+/// whole surrogate pairs, numbers in range, at most 128 levels deep; the
+/// rest of a document is ASCII, so the whole text is UTF-8) and, for
+/// `jsonb`, no `\\u0000` escape. `known_json`: that check already passed on
+/// these bytes.
+fn json_text(raw: &[u8], jsonb: bool, known_json: bool) -> Result<&[u8], String> {
     if !known_json {
         exactly_core::validate_json(raw).map_err(|e| format!("the bytes are not valid JSON ({e})"))?;
     }
     if jsonb && has_escaped_nul(raw) {
         return Err(NUL_IN_JSONB.into());
     }
-    Ok(text)
+    Ok(raw)
 }
 
 /// Whether valid JSON text holds a `\\u0000` escape (backslashes appear only in
@@ -618,7 +620,7 @@ mod tests {
         to_row(&record, &columns, &pointers_of(&columns), &mut cells).unwrap();
         assert!(matches!(&cells[0], Cell::Text(Cow::Borrowed("k-5"))), "{:?}", cells[0]);
         assert!(
-            matches!(&cells[1], Cell::JsonText(Cow::Borrowed(r#"{"id":5}"#))),
+            matches!(&cells[1], Cell::JsonText(Cow::Borrowed(br#"{"id":5}"#))),
             "{:?}",
             cells[1]
         );
@@ -671,7 +673,7 @@ mod tests {
         );
         assert_eq!(
             one(r#"[1, 2]"#, "value", ColumnType::Jsonb, true),
-            Ok(Cell::JsonText("[1, 2]".into()))
+            Ok(Cell::JsonText(b"[1, 2]".as_slice().into()))
         );
         assert!(one(r#"["\u0000"]"#, "value", ColumnType::Jsonb, true).is_err());
         assert!(one("{", "value", ColumnType::Jsonb, true).is_err());
@@ -818,7 +820,12 @@ mod tests {
                 );
             }
         }
-        assert!(json_text(b"\"\xff\"", false, false).unwrap_err().contains("UTF-8"));
+        let error = json_text(b"\"\xff\"", false, false).unwrap_err();
+        assert!(error.contains("not valid JSON") && error.contains("unicode"), "{error}");
+        assert!(
+            json_text(b"\xff", false, false).is_err(),
+            "bytes outside strings are JSON's ASCII"
+        );
         // Nesting PostgreSQL's recursive parser could choke on (and fail the
         // whole COPY) is refused here, so the record becomes a dead letter.
         let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));

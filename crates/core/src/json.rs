@@ -16,6 +16,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
+use smallvec::SmallVec;
 
 /// A parsed JSON pointer: `""` (the whole document) or `/token/token...`,
 /// with `~1` standing for `/` and `~0` for `~` inside a token.
@@ -99,7 +100,7 @@ impl JsonPointer {
     /// not valid JSON.
     pub fn find_all(pointers: &[&JsonPointer], json: &[u8]) -> Result<Vec<Option<Value>>, serde_json::Error> {
         let mut found = vec![None; pointers.len()];
-        let wanted: Vec<Wanted<'_>> = pointers
+        let wanted: Wanted4<'_> = pointers
             .iter()
             .enumerate()
             .map(|(slot, p)| Wanted { slot, rest: &p.tokens })
@@ -126,6 +127,10 @@ impl fmt::Display for JsonPointer {
         f.write_str(&self.text)
     }
 }
+
+/// The pointers followed below a node: on the stack for up to four (no
+/// allocation per document or per object for the usual few columns).
+type Wanted4<'p> = SmallVec<[Wanted<'p>; 4]>;
 
 /// A pointer still being followed: where its answer goes and the tokens
 /// left below the current node.
@@ -170,7 +175,7 @@ impl<'de> Visitor<'de> for Walk<'_, '_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut below = Vec::with_capacity(self.wanted.len());
+        let mut below = Wanted4::new();
         while let Some(matched) = map.next_key_seed(KeyMatch { wanted: self.wanted })? {
             below.clear();
             for w in self.wanted.iter().filter(|w| Some(w.rest[0].as_str()) == matched) {
@@ -190,7 +195,7 @@ impl<'de> Visitor<'de> for Walk<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut below = Vec::with_capacity(self.wanted.len());
+        let mut below = Wanted4::new();
         let mut index = 0usize;
         loop {
             below.clear();
