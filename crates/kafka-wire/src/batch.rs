@@ -190,36 +190,39 @@ impl BatchInfo {
     /// decompression) onto the end of `records`.
     fn read(&self, payload: &mut Bytes, records: &mut Vec<FetchedRecord>) -> Result<(), String> {
         records.reserve(self.count.min(payload.len()));
+        let mut at = Cursor::new(payload, 0, payload.len());
         for _ in 0..self.count {
-            let length = varint(payload)?;
+            let length = at.varint()?;
             let length = usize::try_from(length).map_err(|_| format!("negative record length {length}"))?;
-            if payload.len() < length {
-                return Err(format!("a record of {length} bytes runs past the batch's end"));
-            }
-            let mut record = payload.split_to(length);
-            records.push(self.record(&mut record)?);
+            let end = at.at.checked_add(length).filter(|end| *end <= at.end);
+            let end = end.ok_or_else(|| format!("a record of {length} bytes runs past the batch's end"))?;
+            records.push(self.record(Cursor::new(payload, at.at, end))?);
+            at.at = end;
         }
+        payload.advance(at.at);
         Ok(())
     }
 
     /// One record: attributes, timestamp and offset deltas, key, value,
-    /// headers.
-    fn record(&self, buf: &mut Bytes) -> Result<FetchedRecord, String> {
-        if buf.is_empty() {
+    /// headers. Only the key and the value (and header values) become
+    /// slices of the payload: one reference each, nothing else counted.
+    fn record(&self, mut record: Cursor<'_>) -> Result<FetchedRecord, String> {
+        if record.at == record.end {
             return Err("an empty record".into());
         }
-        buf.advance(1); // attributes: unused
-        let timestamp_delta = varlong(buf)?;
-        let offset_delta = varint(buf)?;
-        let key = bytes(buf)?;
-        let value = bytes(buf)?;
-        let count = varint(buf)?;
+        record.at += 1; // attributes: unused
+        let timestamp_delta = record.varlong()?;
+        let offset_delta = record.varint()?;
+        let key = record.bytes()?;
+        let value = record.bytes()?;
+        let count = record.varint()?;
         let count = usize::try_from(count).map_err(|_| format!("negative header count {count}"))?;
-        let mut headers = Vec::with_capacity(count.min(buf.len()));
+        let mut headers = Vec::with_capacity(count.min(record.end - record.at));
         for _ in 0..count {
-            let key = bytes(buf)?.ok_or("a header with a null key")?;
-            let key = String::from_utf8(key.to_vec()).map_err(|_| "a header key that is not UTF-8".to_string())?;
-            let value = bytes(buf)?.map(|value| value.to_vec());
+            let key = record.range()?.ok_or("a header with a null key")?;
+            let key = String::from_utf8(record.payload[key].to_vec())
+                .map_err(|_| "a header key that is not UTF-8".to_string())?;
+            let value = record.range()?.map(|value| record.payload[value].to_vec());
             headers.push(RecordHeader { key, value });
         }
         Ok(FetchedRecord {
@@ -234,36 +237,56 @@ impl BatchInfo {
     }
 }
 
-/// A length-prefixed byte string (-1: null), as a slice of `buf`.
-fn bytes(buf: &mut Bytes) -> Result<Option<Bytes>, String> {
-    let length = varint(buf)?;
-    if length == -1 {
-        return Ok(None);
-    }
-    let length = usize::try_from(length).map_err(|_| format!("negative length {length}"))?;
-    if buf.len() < length {
-        return Err(format!("a field of {length} bytes runs past its record's end"));
-    }
-    Ok(Some(buf.split_to(length)))
+/// Reads fields off `payload[at..end]` without taking slices of it until
+/// a key or value is wanted.
+struct Cursor<'p> {
+    payload: &'p Bytes,
+    at: usize,
+    end: usize,
 }
 
-/// A zigzag-encoded variable-length `i32`.
-fn varint(buf: &mut Bytes) -> Result<i32, String> {
-    let value = varlong(buf)?;
-    i32::try_from(value).map_err(|_| format!("varint {value} out of range"))
-}
+impl<'p> Cursor<'p> {
+    fn new(payload: &'p Bytes, at: usize, end: usize) -> Cursor<'p> {
+        Cursor { payload, at, end }
+    }
 
-/// A zigzag-encoded variable-length `i64`.
-fn varlong(buf: &mut Bytes) -> Result<i64, String> {
-    let mut raw = 0u64;
-    for (i, byte) in buf.iter().copied().enumerate().take(10) {
-        raw |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            buf.advance(i + 1);
-            return Ok((raw >> 1) as i64 ^ -((raw & 1) as i64));
+    /// A length-prefixed byte string (-1: null), as a slice of the payload.
+    fn bytes(&mut self) -> Result<Option<Bytes>, String> {
+        Ok(self.range()?.map(|range| self.payload.slice(range)))
+    }
+
+    /// Where a length-prefixed byte string (-1: null) lies in the payload.
+    fn range(&mut self) -> Result<Option<std::ops::Range<usize>>, String> {
+        let length = self.varint()?;
+        if length == -1 {
+            return Ok(None);
         }
+        let length = usize::try_from(length).map_err(|_| format!("negative length {length}"))?;
+        if self.end - self.at < length {
+            return Err(format!("a field of {length} bytes runs past its record's end"));
+        }
+        self.at += length;
+        Ok(Some(self.at - length..self.at))
     }
-    Err("a truncated or overlong varint".into())
+
+    /// A zigzag-encoded variable-length `i32`.
+    fn varint(&mut self) -> Result<i32, String> {
+        let value = self.varlong()?;
+        i32::try_from(value).map_err(|_| format!("varint {value} out of range"))
+    }
+
+    /// A zigzag-encoded variable-length `i64`.
+    fn varlong(&mut self) -> Result<i64, String> {
+        let mut raw = 0u64;
+        for (i, byte) in self.payload[self.at..self.end].iter().copied().enumerate().take(10) {
+            raw |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                self.at += i + 1;
+                return Ok((raw >> 1) as i64 ^ -((raw & 1) as i64));
+            }
+        }
+        Err("a truncated or overlong varint".into())
+    }
 }
 
 /// The marker a control batch carries, from the key of its control record;

@@ -175,12 +175,15 @@ fn varints_round_trip_and_overlong_ones_are_refused() {
     ] {
         let mut buf = BytesMut::new();
         put_varint(&mut buf, value);
-        let mut bytes = buf.freeze();
-        assert_eq!(varlong(&mut bytes).unwrap(), value);
-        assert!(bytes.is_empty());
+        let bytes = buf.freeze();
+        let mut cursor = Cursor::new(&bytes, 0, bytes.len());
+        assert_eq!(cursor.varlong().unwrap(), value);
+        assert_eq!(cursor.at, bytes.len());
     }
-    let mut overlong = Bytes::from_static(&[0xff; 11]);
-    assert!(varlong(&mut overlong).is_err());
+    let overlong = Bytes::from_static(&[0xff; 11]);
+    assert!(Cursor::new(&overlong, 0, 11).varlong().is_err());
+    let truncated = Bytes::from_static(&[0x80, 0x80]);
+    assert!(Cursor::new(&truncated, 0, 2).varlong().is_err());
 }
 
 #[test]
