@@ -194,7 +194,6 @@ pub fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         }
     }
     let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
-    let eo_rate = rate_of(Kind::ExactlyOnce);
     for eo in [Kind::ExactlyOnce, Kind::ExactlyOnceKeyValue] {
         let what = format!("CPU per record of the process, {} ≤ the hand-written loop's", eo.id());
         match (cpu_of(eo), cpu_of(Kind::HandLoop)) {
@@ -206,21 +205,30 @@ pub fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
             _ => println!("- {what}: not measured"),
         }
     }
-    let ratio_target = |what: &str, of: Option<f64>, need: f64| match (eo_rate, of) {
+    let ratio_target = |eo: Kind, what: &str, of: Option<f64>, need: f64| match (rate_of(eo), of) {
         (Some(r), Some(o)) => println!(
-            "- exactly-once throughput ≥ {:.0} % of {what}: {:.0} % → {}",
+            "- {} throughput ≥ {:.0} % of {what}: {:.0} % → {}",
+            eo.id(),
             100.0 * need,
             100.0 * r / o,
             verdict(r >= need * o)
         ),
         _ => println!(
-            "- exactly-once throughput ≥ {:.0} % of {what}: not measured",
+            "- {} throughput ≥ {:.0} % of {what}: not measured",
+            eo.id(),
             100.0 * need
         ),
     };
-    ratio_target("the hand-written loop", rate_of(Kind::HandLoop), 1.2);
-    ratio_target("at-least-once", rate_of(Kind::AtLeastOnce), 0.95);
-    ratio_target("the minimal loop", ceiling, 0.95);
+    // The hand loop writes the key-value table: eo-kv does the same work.
+    ratio_target(Kind::ExactlyOnce, "the hand-written loop", rate_of(Kind::HandLoop), 1.2);
+    ratio_target(
+        Kind::ExactlyOnceKeyValue,
+        "the hand-written loop",
+        rate_of(Kind::HandLoop),
+        1.2,
+    );
+    ratio_target(Kind::ExactlyOnce, "at-least-once", rate_of(Kind::AtLeastOnce), 0.95);
+    ratio_target(Kind::ExactlyOnce, "the minimal loop", ceiling, 0.95);
     let mut sorted: Vec<u64> = eo_runs.iter().flat_map(|o| o.checkpoints.iter().copied()).collect();
     sorted.sort_unstable();
     if sorted.is_empty() {
