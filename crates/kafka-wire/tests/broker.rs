@@ -400,8 +400,20 @@ async fn end_txn_commits_the_transaction_of_a_killed_producer() {
     );
     assert_eq!(ended.records, pending.len());
 
-    // A retried commit (after a lost answer) succeeds again and changes nothing.
-    assert_eq!(fixture.end_txn(&crashed, true).await.unwrap(), EndTxnOutcome::Ok);
+    // A retried commit (after a lost answer) succeeds again and changes
+    // nothing. The marker in the log does not mean the coordinator has
+    // finished the commit: until it has, it answers CONCURRENT_TRANSACTIONS
+    // (retriable), as the contract of `end_txn` says.
+    let deadline = Instant::now() + SETTLE;
+    let outcome = loop {
+        match fixture.end_txn(&crashed, true).await.unwrap() {
+            EndTxnOutcome::Retriable(ResponseError::ConcurrentTransactions) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            outcome => break outcome,
+        }
+    };
+    assert_eq!(outcome, EndTxnOutcome::Ok);
     let again = fixture.read().await;
     assert_eq!(again.records, read.records);
     assert_eq!(again.ended_transactions, read.ended_transactions, "no second marker");

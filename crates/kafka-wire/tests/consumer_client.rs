@@ -9,11 +9,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{admin, fresh, kafka, new_topic, producer, send, TXN_TIMEOUT};
+use common::{admin, delete_records_below, fresh, kafka, new_topic, producer, send, TXN_TIMEOUT};
 use exactly_kafka_wire::kafka_protocol::ResponseError;
 use exactly_kafka_wire::{ConsumerClient, OffsetSpec, WireConfig, WireError};
 use exactly_testkit::KafkaBroker;
-use rdkafka::admin::AdminOptions;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -207,12 +206,7 @@ async fn list_offsets_finds_ends_and_times() {
     }
 
     // Earliest is the log start offset, which DeleteRecords moves.
-    let mut truncate = TopicPartitionList::new();
-    truncate.add_partition_offset(&topic, 0, Offset::Offset(2)).unwrap();
-    admin(bootstrap)
-        .delete_records(&truncate, &AdminOptions::new())
-        .await
-        .expect("DeleteRecords");
+    delete_records_below(bootstrap, &topic, 0, 2).await;
     let earliest = client.list_offsets(&topic, &all, OffsetSpec::Earliest).await.unwrap();
     assert_eq!(earliest, BTreeMap::from([(0, Some(2)), (1, Some(0))]));
     let first = client.list_offsets(&topic, &[0], at(base)).await.unwrap();

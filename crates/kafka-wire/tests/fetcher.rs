@@ -8,12 +8,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::{admin, fresh, kafka, new_topic, producer, send, TXN_TIMEOUT};
+use common::{delete_records_below, fresh, kafka, new_topic, producer, send, TXN_TIMEOUT};
 use exactly_kafka_wire::{FetchSettings, FetchedChunk, Fetcher, OffsetReset, WireClient, WireConfig, WireError};
 use exactly_testkit::KafkaBroker;
-use rdkafka::admin::AdminOptions;
 use rdkafka::producer::Producer;
-use rdkafka::{Offset, TopicPartitionList};
 
 /// How long a test waits for records it expects.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -208,12 +206,7 @@ async fn records_deleted_before_they_were_read_are_skipped_as_auto_offset_reset_
     let bootstrap = kafka().bootstrap();
     let topic = new_topic(bootstrap, "fetch-retention", 1).await;
     send(&producer(bootstrap, &[]), &topic, 1, &values("v", 5));
-    let mut truncate = TopicPartitionList::new();
-    truncate.add_partition_offset(&topic, 0, Offset::Offset(3)).unwrap();
-    admin(bootstrap)
-        .delete_records(&truncate, &AdminOptions::new())
-        .await
-        .expect("DeleteRecords");
+    delete_records_below(bootstrap, &topic, 0, 3).await;
 
     let mut earliest = start(bootstrap, &topic, &[(0, 1)], FetchSettings::default());
     let mut delivered = Delivered::default();

@@ -60,6 +60,19 @@ pub async fn new_topic(bootstrap: &str, name: &str, partitions: i32) -> String {
     topic
 }
 
+/// Deletes the records of `topic`/`partition` below `offset`
+/// (DeleteRecords), as retention would: the log then starts there.
+pub async fn delete_records_below(bootstrap: &str, topic: &str, partition: i32, offset: i64) {
+    let mut below = rdkafka::TopicPartitionList::new();
+    below
+        .add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
+        .unwrap();
+    admin(bootstrap)
+        .delete_records(&below, &AdminOptions::new())
+        .await
+        .expect("DeleteRecords");
+}
+
 /// Remembers the `eos` object of librdkafka's latest statistics JSON, and
 /// fails the test on a failed delivery.
 #[derive(Default)]
