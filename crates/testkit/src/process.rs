@@ -367,6 +367,28 @@ pub(crate) fn kill_process_group(pgid: u32) {
     signal_process_group(pgid, libc::SIGKILL);
 }
 
+/// Waits (up to 5 s) until every thread of process `pid` is stopped
+/// (`stopped`) or none is, as `/proc/<pid>/task/*/stat` tells.
+fn wait_stopped(pid: u32, stopped: bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let state_of = |stat: &str| stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+    while std::time::Instant::now() < deadline {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        let all = tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // 'T': stopped by a signal; a thread that just exited counts as done.
+            state_of(&stat).is_none_or(|state| (state == 'T') == stopped)
+        });
+        if all {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    tracing::warn!(pid, stopped, "the process did not reach the state asked for within 5 s");
+}
+
 /// Sends `signal` to every process in the process group `pgid`.
 pub(crate) fn signal_process_group(pgid: u32, signal: libc::c_int) {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
@@ -624,6 +646,12 @@ impl Lifecycle for ChildService {
     fn set_frozen(&mut self, frozen: bool) -> Result<()> {
         if let Some(child) = &self.child {
             child.signal(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+            if let Some(pid) = child.pid() {
+                // A signal is delivered asynchronously: return once every
+                // thread of the leader is (or is no longer) stopped, so a
+                // request sent right after `freeze` meets a frozen service.
+                wait_stopped(pid, frozen);
+            }
         }
         Ok(())
     }
