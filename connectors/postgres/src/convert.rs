@@ -170,18 +170,22 @@ pub(crate) fn to_row<'a>(
     cells: &mut Vec<Cell<'a>>,
 ) -> Result<(), String> {
     // Every pointer is answered in one pass over the value.
-    let pointed = if pointers.is_empty() {
-        Vec::new()
+    let (pointed, value_json) = if pointers.is_empty() {
+        (Default::default(), None)
     } else {
-        JsonPointer::find_all(pointers, &record.value)
-            .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?
+        let scanned = JsonPointer::scan_all(pointers, &record.value)
+            .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?;
+        let known = KnownJson {
+            nul_escape: scanned.nul_escape,
+        };
+        (scanned.found, Some(known))
     };
     let mut pointed = pointed.iter();
     let start = cells.len();
     let mut problems = Vec::new();
     for column in columns {
         // The pointer pass read the whole value as JSON already.
-        let known_json = !pointers.is_empty() && column.from == FieldSource::Value;
+        let known_json = value_json.filter(|_| column.from == FieldSource::Value);
         let cell = match column.from {
             // What a pointer found lives only as long as this call: owned.
             FieldSource::Pointer(_) => {
@@ -228,8 +232,15 @@ fn extract<'a>(record: &'a Record, from: &FieldSource) -> Input<'a> {
     }
 }
 
+/// What a pass over bytes found when it read them as valid JSON.
+#[derive(Clone, Copy, Debug)]
+struct KnownJson {
+    /// A string holds the escape `\u0000`.
+    nul_escape: bool,
+}
+
 /// `known_json`: the input is bytes already read as valid JSON.
-fn convert<'a>(input: Input<'a>, column: &ColumnSpec, known_json: bool) -> Result<Cell<'a>, String> {
+fn convert<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<KnownJson>) -> Result<Cell<'a>, String> {
     let cell = match input {
         Input::Missing | Input::Null if column.required => {
             return Err(match input {
@@ -246,7 +257,7 @@ fn convert<'a>(input: Input<'a>, column: &ColumnSpec, known_json: bool) -> Resul
     Ok(cell)
 }
 
-fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: bool) -> Result<Cell<'a>, String> {
+fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<KnownJson>) -> Result<Cell<'a>, String> {
     Ok(match column.ty {
         ColumnType::SmallInt => Cell::SmallInt(in_range(integer(&input)?, "smallint")?),
         ColumnType::Int => Cell::Int(in_range(integer(&input)?, "int")?),
@@ -302,37 +313,25 @@ fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: bool) -> Result<
 const NUL_IN_JSONB: &str = "jsonb cannot store the character \\u0000";
 
 /// `raw` as JSON text PostgreSQL accepts for `json` (or `jsonb`): valid
-/// JSON as strictly as `serde_json::Value` reads it (UTF-8 strings with
-/// whole surrogate pairs, numbers in range, at most 128 levels deep; the
-/// rest of a document is ASCII, so the whole text is UTF-8) and, for
-/// `jsonb`, no `\\u0000` escape. `known_json`: that check already passed on
-/// these bytes.
-fn json_text(raw: &[u8], jsonb: bool, known_json: bool) -> Result<&[u8], String> {
-    if !known_json {
-        exactly_core::validate_json(raw).map_err(|e| format!("the bytes are not valid JSON ({e})"))?;
-    }
-    if jsonb && has_escaped_nul(raw) {
+/// JSON as strictly as `serde_json::Value` reads it (UTF-8, strings with
+/// whole surrogate pairs, numbers in range, at most 127 levels deep) and,
+/// for `jsonb`, no `\\u0000` escape. `known_json`: what a pass over these
+/// bytes already found.
+fn json_text(raw: &[u8], jsonb: bool, known_json: Option<KnownJson>) -> Result<&[u8], String> {
+    let known = match known_json {
+        Some(known) => known,
+        None => {
+            let scanned =
+                exactly_core::validate_json(raw).map_err(|e| format!("the bytes are not valid JSON ({e})"))?;
+            KnownJson {
+                nul_escape: scanned.nul_escape,
+            }
+        }
+    };
+    if jsonb && known.nul_escape {
         return Err(NUL_IN_JSONB.into());
     }
     Ok(raw)
-}
-
-/// Whether valid JSON text holds a `\\u0000` escape (backslashes appear only in
-/// strings there, each starting an escape).
-fn has_escaped_nul(json: &[u8]) -> bool {
-    let mut i = 0;
-    while let Some(at) = json[i..].iter().position(|b| *b == b'\\') {
-        let start = i + at;
-        if json[start + 1] == b'u' {
-            if &json[start + 2..start + 6] == b"0000" {
-                return true;
-            }
-            i = start + 6;
-        } else {
-            i = start + 2;
-        }
-    }
-    false
 }
 
 fn utf8(raw: &[u8]) -> Result<&str, String> {
@@ -807,29 +806,33 @@ mod tests {
         ];
         for raw in cases {
             for jsonb in [false, true] {
-                let ours = json_text(raw.as_bytes(), jsonb, false).is_ok();
+                let ours = json_text(raw.as_bytes(), jsonb, None).is_ok();
                 if ours {
-                    assert!(json_text(raw.as_bytes(), jsonb, true).is_ok(), "{raw}");
+                    // What the pointer pass would have found instead.
+                    let known = KnownJson {
+                        nul_escape: exactly_core::validate_json(raw.as_bytes()).unwrap().nul_escape,
+                    };
+                    assert!(json_text(raw.as_bytes(), jsonb, Some(known)).is_ok(), "{raw}");
                 }
                 let expected = reference(raw, jsonb);
                 assert_eq!(
                     ours,
                     expected,
                     "{raw} (jsonb: {jsonb}): {:?}",
-                    json_text(raw.as_bytes(), jsonb, false)
+                    json_text(raw.as_bytes(), jsonb, None)
                 );
             }
         }
-        let error = json_text(b"\"\xff\"", false, false).unwrap_err();
-        assert!(error.contains("not valid JSON") && error.contains("unicode"), "{error}");
+        let error = json_text(b"\"\xff\"", false, None).unwrap_err();
+        assert!(error.contains("not valid JSON") && error.contains("UTF-8"), "{error}");
         assert!(
-            json_text(b"\xff", false, false).is_err(),
+            json_text(b"\xff", false, None).is_err(),
             "bytes outside strings are JSON's ASCII"
         );
         // Nesting PostgreSQL's recursive parser could choke on (and fail the
         // whole COPY) is refused here, so the record becomes a dead letter.
         let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
-        let error = json_text(deep.as_bytes(), true, false).unwrap_err();
+        let error = json_text(deep.as_bytes(), true, None).unwrap_err();
         assert!(error.contains("recursion limit"), "{error}");
     }
 }

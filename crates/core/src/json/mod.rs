@@ -13,10 +13,12 @@
 
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
 use serde_json::Value;
 use smallvec::SmallVec;
+
+mod scan;
+
+use scan::{Scanner, Wanted, Wanted4};
 
 /// A parsed JSON pointer: `""` (the whole document) or `/token/token...`,
 /// with `~1` standing for `/` and `~0` for `~` inside a token.
@@ -99,173 +101,48 @@ impl JsonPointer {
     /// that repeats counts with its last occurrence); an error when `json` is
     /// not valid JSON.
     pub fn find_all(pointers: &[&JsonPointer], json: &[u8]) -> Result<Vec<Option<Value>>, serde_json::Error> {
-        let mut found = vec![None; pointers.len()];
+        JsonPointer::scan_all(pointers, json).map(|scanned| scanned.found.into_vec())
+    }
+
+    /// [`JsonPointer::find_all`], and what else the pass saw.
+    pub fn scan_all(pointers: &[&JsonPointer], json: &[u8]) -> Result<Scanned, serde_json::Error> {
+        let mut found: Found = pointers.iter().map(|_| None).collect();
         let wanted: Wanted4<'_> = pointers
             .iter()
             .enumerate()
             .map(|(slot, p)| Wanted { slot, rest: &p.tokens })
             .collect();
-        let mut deserializer = serde_json::Deserializer::from_slice(json);
-        Walk {
-            wanted: &wanted,
-            found: &mut found,
-        }
-        .deserialize(&mut deserializer)?;
-        deserializer.end()?;
-        Ok(found)
+        let mut scanner = Scanner::new(json, &mut found);
+        scanner.document(&wanted)?;
+        let nul_escape = scanner.nul_escape;
+        Ok(Scanned { found, nul_escape })
     }
+}
+
+/// The answers of [`JsonPointer::scan_all`]: on the stack for up to four
+/// pointers (no allocation per record for the usual few columns).
+pub type Found = SmallVec<[Option<Value>; 4]>;
+
+/// What one pass over a valid JSON document found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scanned {
+    /// What each pointer names, in the order they were given (`None`:
+    /// nothing there).
+    pub found: Found,
+    /// Whether a string (a key or a value) holds the escape `\u0000`: valid
+    /// JSON that PostgreSQL's `jsonb` refuses to store.
+    pub nul_escape: bool,
 }
 
 /// Checks that `json` is one JSON document that parsing into a
 /// [`serde_json::Value`] would accept, without building it.
-pub fn validate(json: &[u8]) -> Result<(), serde_json::Error> {
-    JsonPointer::find_all(&[], json).map(drop)
+pub fn validate(json: &[u8]) -> Result<Scanned, serde_json::Error> {
+    JsonPointer::scan_all(&[], json)
 }
 
 impl fmt::Display for JsonPointer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
-    }
-}
-
-/// The pointers followed below a node: on the stack for up to four (no
-/// allocation per document or per object for the usual few columns).
-type Wanted4<'p> = SmallVec<[Wanted<'p>; 4]>;
-
-/// A pointer still being followed: where its answer goes and the tokens
-/// left below the current node.
-#[derive(Clone, Copy)]
-struct Wanted<'p> {
-    slot: usize,
-    rest: &'p [String],
-}
-
-/// Walks one node for the pointers in `wanted`; writes their answers.
-struct Walk<'w, 'p> {
-    wanted: &'w [Wanted<'p>],
-    found: &'w mut [Option<Value>],
-}
-
-impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        // Parts no pointer reaches are still read through `deserialize_any`
-        // (not skipped with `IgnoredAny`, which checks less): strings must be
-        // UTF-8 with whole surrogate pairs, numbers in range, nesting at most
-        // 128 deep, exactly what parsing into a `Value` refuses.
-        if self.wanted.iter().any(|w| w.rest.is_empty()) {
-            // Some pointer names this very node: build it once and answer
-            // every pointer from it.
-            let node = Value::deserialize(deserializer)?;
-            for w in self.wanted {
-                self.found[w.slot] = lookup(&node, w.rest).cloned();
-            }
-            return Ok(());
-        }
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Walk<'_, '_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut below = Wanted4::new();
-        while let Some(matched) = map.next_key_seed(KeyMatch { wanted: self.wanted })? {
-            below.clear();
-            for w in self.wanted.iter().filter(|w| Some(w.rest[0].as_str()) == matched) {
-                // The last occurrence of a repeated key wins, as in `Value`.
-                self.found[w.slot] = None;
-                below.push(Wanted {
-                    slot: w.slot,
-                    rest: &w.rest[1..],
-                });
-            }
-            map.next_value_seed(Walk {
-                wanted: &below,
-                found: self.found,
-            })?;
-        }
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut below = Wanted4::new();
-        let mut index = 0usize;
-        loop {
-            below.clear();
-            below.extend(
-                self.wanted
-                    .iter()
-                    .filter(|w| array_index(&w.rest[0]) == Some(index))
-                    .map(|w| Wanted {
-                        slot: w.slot,
-                        rest: &w.rest[1..],
-                    }),
-            );
-            let walk = Walk {
-                wanted: &below,
-                found: self.found,
-            };
-            if seq.next_element_seed(walk)?.is_none() {
-                return Ok(());
-            }
-            index += 1;
-        }
-    }
-
-    // A scalar has nothing below it: the pointers that go deeper find nothing.
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-}
-
-/// Reads a map key without keeping it: the wanted token equal to it, if any.
-struct KeyMatch<'w, 'p> {
-    wanted: &'w [Wanted<'p>],
-}
-
-impl<'de, 'p> DeserializeSeed<'de> for KeyMatch<'_, 'p> {
-    type Value = Option<&'p str>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<&'p str>, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl<'de, 'p> Visitor<'de> for KeyMatch<'_, 'p> {
-    type Value = Option<&'p str>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-
-    fn visit_str<E: de::Error>(self, key: &str) -> Result<Option<&'p str>, E> {
-        Ok(self
-            .wanted
-            .iter()
-            .map(|w| w.rest[0].as_str())
-            .find(|token| *token == key))
     }
 }
 
@@ -439,7 +316,160 @@ mod tests {
             .boxed()
     }
 
+    #[test]
+    fn nesting_is_refused_where_serde_json_refuses_it() {
+        for depth in [1, 126, 127, 128, 129] {
+            let doc = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let full = serde_json::from_str::<Value>(&doc).is_ok();
+            assert_eq!(validate(doc.as_bytes()).is_ok(), full, "{depth} levels");
+            let wrapped = format!("{{\"id\":1,\"x\":{doc}}}");
+            assert_eq!(
+                pointer("/id").find(wrapped.as_bytes()).is_ok(),
+                serde_json::from_str::<Value>(&wrapped).is_ok()
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_are_checked_like_serde_json_reads_them() {
+        for number in [
+            "0",
+            "-0",
+            "01",
+            "-",
+            "1.",
+            ".5",
+            "1e",
+            "1e+",
+            "1E-2",
+            "-1.5e3",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551616",
+            "-9223372036854775809",
+            "1e308",
+            "1e309",
+            "-1e400",
+            "1e-400",
+            &"9".repeat(400),
+            "+1",
+            "1.5.5",
+            "0x10",
+            "Infinity",
+            "NaN",
+        ] {
+            let full = serde_json::from_str::<Value>(number);
+            assert_eq!(validate(number.as_bytes()).is_ok(), full.is_ok(), "{number}");
+            let doc = format!("{{\"n\":{number}}}");
+            let ours = pointer("/n").find(doc.as_bytes());
+            match serde_json::from_str::<Value>(&doc) {
+                Ok(v) => assert_eq!(ours.unwrap().as_ref(), v.pointer("/n"), "{number}"),
+                Err(_) => assert!(ours.is_err(), "{number}"),
+            }
+        }
+    }
+
+    /// Whether valid JSON text holds the escape `\u0000` (backslashes
+    /// appear only in strings there, each starting an escape; a key that
+    /// repeats counts too, though `Value` keeps only its last occurrence).
+    fn holds_nul_escape(json: &[u8]) -> bool {
+        let mut i = 0;
+        while let Some(at) = json[i..].iter().position(|b| *b == b'\\') {
+            let start = i + at;
+            if json[start + 1] == b'u' {
+                if &json[start + 2..start + 6] == b"0000" {
+                    return true;
+                }
+                i = start + 6;
+            } else {
+                i = start + 2;
+            }
+        }
+        false
+    }
+
+    /// JSON texts that exercise the grammar: escapes (surrogates, `\u0000`),
+    /// non-ASCII text, whitespace, numbers of every form.
+    fn rich_document() -> BoxedStrategy<String> {
+        let string = prop::collection::vec(
+            prop_oneof![
+                Just("a".to_string()),
+                Just("é€😀".to_string()),
+                Just("\\n".to_string()),
+                Just("\\\"".to_string()),
+                Just("\\/".to_string()),
+                Just("\\u0041".to_string()),
+                Just("\\u0000".to_string()),
+                Just("\\ud83d\\ude00".to_string()),
+                Just("\\ud800".to_string()),
+                Just("\\udc00".to_string()),
+                Just("\\ud800\\u0041".to_string()),
+                Just("\\x".to_string()),
+                Just("\t".to_string()),
+            ],
+            0..4,
+        )
+        .prop_map(|parts| format!("\"{}\"", parts.concat()));
+        let number = prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|f| format!("{f:e}")),
+            Just("-0".to_string()),
+            Just("1e400".to_string()),
+            Just("2.5E-3".to_string()),
+            Just("123456789012345678901234567890".to_string()),
+        ];
+        let leaf = prop_oneof![
+            string.clone(),
+            number,
+            Just("true".to_string()),
+            Just("false".to_string()),
+            Just("null".to_string()),
+        ];
+        leaf.prop_recursive(4, 30, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[ {} ]", items.join(" ,\n"))),
+                prop::collection::vec((string.clone(), inner), 0..4).prop_map(|entries| {
+                    let fields: Vec<String> = entries.into_iter().map(|(k, v)| format!("{k} :\t{v}")).collect();
+                    format!("{{{}}}\r", fields.join(","))
+                }),
+            ]
+        })
+        .boxed()
+    }
+
+    /// One byte of `doc` changed: replaced, removed or inserted.
+    fn mutated(doc: &str, at: usize, how: u8, byte: u8) -> Vec<u8> {
+        let mut bytes = doc.as_bytes().to_vec();
+        let at = at % (bytes.len() + 1);
+        match how % 3 {
+            0 if at < bytes.len() => bytes[at] = byte,
+            1 if at < bytes.len() => {
+                bytes.remove(at);
+            }
+            _ => bytes.insert(at, byte),
+        }
+        bytes
+    }
+
     proptest! {
+        #[test]
+        fn accepts_exactly_what_serde_json_accepts(
+            doc in rich_document(),
+            at in any::<usize>(),
+            how in any::<u8>(),
+            byte in prop::sample::select(b"{}[]\":,\\ -+.eE0123456789tfnu\x00\x01\x7f\xc3\xa9\xff".to_vec()),
+        ) {
+            for text in [doc.as_bytes().to_vec(), mutated(&doc, at, how, byte)] {
+                let full = serde_json::from_slice::<Value>(&text);
+                let ours = validate(&text);
+                prop_assert_eq!(ours.is_ok(), full.is_ok(), "{} / {:?} vs {:?}", String::from_utf8_lossy(&text), ours, full);
+                if let Ok(ours) = ours {
+                    prop_assert_eq!(ours.nul_escape, holds_nul_escape(&text), "{}", String::from_utf8_lossy(&text));
+                }
+            }
+        }
+
         #[test]
         fn any_document_any_pointers_same_answers_as_value_pointer(
             doc in document(),
