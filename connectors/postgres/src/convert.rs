@@ -175,9 +175,7 @@ pub(crate) fn to_row<'a>(
     } else {
         let scanned = JsonPointer::scan_all(pointers, &record.value)
             .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?;
-        let known = KnownJson {
-            nul_escape: scanned.nul_escape,
-        };
+        let known = KnownJson::of(&scanned);
         (scanned.found, Some(known))
     };
     let mut pointed = pointed.iter();
@@ -237,6 +235,18 @@ fn extract<'a>(record: &'a Record, from: &FieldSource) -> Input<'a> {
 struct KnownJson {
     /// A string holds the escape `\u0000`.
     nul_escape: bool,
+    /// The most digits after the decimal point of a number
+    /// ([`exactly_core::Scanned::max_scale`]).
+    max_scale: u64,
+}
+
+impl KnownJson {
+    fn of(scanned: &exactly_core::Scanned) -> KnownJson {
+        KnownJson {
+            nul_escape: scanned.nul_escape,
+            max_scale: scanned.max_scale,
+        }
+    }
 }
 
 /// `known_json`: the input is bytes already read as valid JSON.
@@ -310,6 +320,10 @@ fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<KnownJson
     })
 }
 
+/// The most digits after the decimal point PostgreSQL's `numeric` keeps
+/// (`NUMERIC_DSCALE_MAX`).
+const NUMERIC_MAX_SCALE: u64 = 16383;
+
 const NUL_IN_JSONB: &str = "jsonb cannot store the character \\u0000";
 
 /// `raw` as JSON text PostgreSQL accepts for `json` (or `jsonb`): valid
@@ -323,13 +337,17 @@ fn json_text(raw: &[u8], jsonb: bool, known_json: Option<KnownJson>) -> Result<&
         None => {
             let scanned =
                 exactly_core::validate_json(raw).map_err(|e| format!("the bytes are not valid JSON ({e})"))?;
-            KnownJson {
-                nul_escape: scanned.nul_escape,
-            }
+            KnownJson::of(&scanned)
         }
     };
     if jsonb && known.nul_escape {
         return Err(NUL_IN_JSONB.into());
+    }
+    if jsonb && known.max_scale > NUMERIC_MAX_SCALE {
+        return Err(format!(
+            "jsonb stores numbers as numeric, which keeps at most {NUMERIC_MAX_SCALE} digits after the decimal point; \
+             a number here has more (or an exponent of a billion or more); use a json column to keep such text"
+        ));
     }
     Ok(raw)
 }
@@ -809,9 +827,7 @@ mod tests {
                 let ours = json_text(raw.as_bytes(), jsonb, None).is_ok();
                 if ours {
                     // What the pointer pass would have found instead.
-                    let known = KnownJson {
-                        nul_escape: exactly_core::validate_json(raw.as_bytes()).unwrap().nul_escape,
-                    };
+                    let known = KnownJson::of(&exactly_core::validate_json(raw.as_bytes()).unwrap());
                     assert!(json_text(raw.as_bytes(), jsonb, Some(known)).is_ok(), "{raw}");
                 }
                 let expected = reference(raw, jsonb);

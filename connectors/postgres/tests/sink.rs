@@ -1049,3 +1049,88 @@ async fn the_replay_check_finds_and_counts_commits_of_later_checkpoints_in_the_m
         }
     );
 }
+
+/// Raw values into `jsonb`: whatever PostgreSQL's own `jsonb` input refuses
+/// is a dead letter (never a failed COPY), and what both accept is stored.
+/// Each value's verdict is asked of the server itself (`$1::jsonb`).
+#[tokio::test]
+async fn raw_json_values_postgres_refuses_are_dead_letters_and_the_rest_is_stored() {
+    let f = Fixture::new(
+        "raw_json",
+        r#"
+create_table = true
+[sink.postgres.columns]
+off = { from = "offset", type = "bigint" }
+doc = { from = "value", type = "jsonb" }
+"#,
+    )
+    .await;
+    let (db, table) = (&f.db, &f.table);
+    let many_decimals = format!(r#"{{"x":0.{}1}}"#, "0".repeat(16_382));
+    let too_many_decimals = format!(r#"{{"x":0.{}1}}"#, "0".repeat(16_383));
+    let values: Vec<&str> = vec![
+        r#"{"x":1}"#,
+        r#"{"x":1.5e-3,"y":-0,"z":123456789012345678901234567890}"#,
+        r#"{"a":"\ud83d\ude00 é"}"#,
+        r#"{"x":1e-16383}"#,
+        &many_decimals,
+        r#"{"x":12e16384}"#,
+        r#"{"x":1e-16384}"#,
+        &too_many_decimals,
+        r#"{"x":0e2000000000}"#,
+        r#"{"a":"x\u0000"}"#,
+        r#"{"\u0000":1}"#,
+        r#"{"a":"\u0000","a":1}"#,
+        r#"{"a":"\\u0000"}"#,
+        r#"{"x":1e400}"#,
+        r#"{"a":"\ud800"}"#,
+    ];
+    let mut postgres_accepts = Vec::new();
+    for v in &values {
+        postgres_accepts.push(db.query_one("SELECT $1::text::jsonb", &[v]).await.is_ok());
+    }
+    let (mut sink, metrics) = f.recovered(0, &[]).await;
+    let batch: Vec<Record> = values.iter().enumerate().map(|(i, v)| record(0, i as i64, v)).collect();
+    let c = prepare(&mut sink, 1, &[batch]).await;
+    sink.commit(&c).await.unwrap();
+    let stored: Vec<i64> = column(db, &format!("SELECT off FROM \"{table}\" ORDER BY off")).await;
+    let refused: Vec<i64> = column(
+        db,
+        &format!("SELECT \"offset\" FROM \"{table}_dead_letters\" ORDER BY \"offset\""),
+    )
+    .await;
+    for (i, v) in values.iter().enumerate() {
+        let short: String = v.chars().take(60).collect();
+        let i = i as i64;
+        if stored.contains(&i) {
+            assert!(
+                postgres_accepts[i as usize],
+                "stored although jsonb refuses it: {short}"
+            );
+        } else {
+            assert!(refused.contains(&i), "neither stored nor a dead letter: {short}");
+        }
+    }
+    // What both accept is stored; of what PostgreSQL accepts, only numbers
+    // out of f64's range (serde_json's limit, which the pointer columns
+    // share: 12e16384, 1e400) are refused.
+    assert_eq!(stored, [0, 1, 2, 3, 4, 12], "refused: {refused:?}");
+    assert_eq!(
+        postgres_accepts,
+        [true, true, true, true, true, true, false, false, false, false, false, false, true, true, false],
+        "what the server accepts"
+    );
+    assert_eq!(metrics.snapshot().dead_letters, values.len() as u64 - 6);
+    let errors: Vec<String> = column(
+        db,
+        &format!("SELECT error FROM \"{table}_dead_letters\" ORDER BY \"offset\""),
+    )
+    .await;
+    assert!(errors[0].contains("out of range"), "{}", errors[0]);
+    assert!(
+        errors[1].contains("16383 digits after the decimal point"),
+        "{}",
+        errors[1]
+    );
+    assert!(errors[4].contains("\\u0000"), "{}", errors[4]);
+}

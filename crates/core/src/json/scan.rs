@@ -4,12 +4,12 @@
 //!
 //! Why not `serde_json`'s own walk: through its `Deserializer` every string
 //! is checked as UTF-8 on its own and every node goes through a visitor;
-//! here the document is checked as UTF-8 once (a document's text outside
-//! its strings is ASCII, so that covers every string) and the grammar is
-//! read by a byte loop. What it accepts is exactly what
+//! here strings are scanned eight bytes at a time, UTF-8 is checked only
+//! where a byte is not ASCII, and the grammar is read by a byte loop. What it accepts is exactly what
 //! `serde_json::from_slice::<Value>` accepts: the grammar of RFC 8259,
-//! escapes with whole surrogate pairs, numbers whose value is finite as an
-//! `f64`, at most 127 nested arrays and objects. The tests of the parent
+//! escapes with whole surrogate pairs, numbers whose value `serde_json`
+//! finds finite as an `f64` (the few near the limit are handed to it), at
+//! most 127 nested arrays and objects. The tests of the parent
 //! module hold it to that with random documents.
 
 use serde::de::Error as _;
@@ -28,6 +28,8 @@ pub(super) struct Wanted<'p> {
     pub rest: &'p [String],
 }
 
+const BILLION: u64 = 1_000_000_000;
+
 /// Nesting `serde_json` refuses: its 128th array or object inside another.
 const MAX_DEPTH: usize = 127;
 
@@ -38,6 +40,10 @@ pub(super) struct Scanner<'j, 'f> {
     depth: usize,
     /// A string holds the escape `\u0000` (what `jsonb` refuses to store).
     pub nul_escape: bool,
+    /// The most digits after the decimal point of a number, once its
+    /// exponent is applied (`1.25e-3`: 5); `u64::MAX` for an exponent of a
+    /// billion or more.
+    pub max_scale: u64,
     found: &'f mut [Option<Value>],
 }
 
@@ -51,6 +57,7 @@ impl<'j, 'f> Scanner<'j, 'f> {
             at: 0,
             depth: 0,
             nul_escape: false,
+            max_scale: 0,
             found,
         }
     }
@@ -311,30 +318,51 @@ impl<'j, 'f> Scanner<'j, 'f> {
             _ => return Err(self.error("invalid number")),
         }
         let integer_digits = self.at - start - usize::from(self.json[start] == b'-');
+        let mut fraction_digits = 0;
         if self.peek() == Some(b'.') {
             self.at += 1;
+            let fraction = self.at;
             self.some_digits()?;
+            fraction_digits = self.at - fraction;
         }
-        let mut exponent = false;
+        let mut exponent = None;
         if let Some(b'e' | b'E') = self.peek() {
-            exponent = true;
             self.at += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.at += 1;
-            }
+            let negative = match self.peek() {
+                Some(sign @ (b'+' | b'-')) => {
+                    self.at += 1;
+                    sign == b'-'
+                }
+                _ => false,
+            };
+            let digits = self.at;
             self.some_digits()?;
+            let magnitude = self.json[digits..self.at]
+                .iter()
+                .fold(0i64, |e, d| e.saturating_mul(10).saturating_add(i64::from(d - b'0')));
+            exponent = Some(if negative { -magnitude } else { magnitude });
         }
+        // The digits after the decimal point PostgreSQL's `numeric` would
+        // keep (its display scale).
+        // An exponent of a billion or more is out of `numeric`'s range
+        // whatever the digits (`0e2000000000` is 0 to `serde_json`): the
+        // largest scale stands for it.
+        let scale = match exponent {
+            Some(e) if e.unsigned_abs() >= BILLION => u64::MAX,
+            _ => u64::try_from((fraction_digits as i64).saturating_sub(exponent.unwrap_or(0))).unwrap_or(0),
+        };
+        self.max_scale = self.max_scale.max(scale);
         // Without an exponent, fewer than 309 integer digits are below
-        // f64::MAX (1.8e308), however many decimals follow: finite. Only
-        // the rest needs reading as `serde_json` keeps it (an integer out of
-        // the i64 and u64 ranges becomes an f64 too).
-        if !exponent && integer_digits <= 308 {
+        // f64::MAX (1.8e308), however many decimals follow: finite. The
+        // rest is read by `serde_json` itself, whose rounding near f64::MAX
+        // differs from an exactly rounded parse (an integer out of the i64
+        // and u64 ranges becomes an f64 too).
+        if exponent.is_none() && integer_digits <= 308 {
             return Ok(());
         }
-        let text = std::str::from_utf8(&self.json[start..self.at]).expect("ASCII");
-        match text.parse::<f64>() {
-            Ok(v) if v.is_finite() => Ok(()),
-            _ => Err(serde_json::Error::custom(format_args!(
+        match serde_json::from_slice::<Value>(&self.json[start..self.at]) {
+            Ok(_) => Ok(()),
+            Err(_) => Err(serde_json::Error::custom(format_args!(
                 "number out of range at byte {start}"
             ))),
         }
