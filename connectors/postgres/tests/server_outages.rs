@@ -191,8 +191,11 @@ async fn after_a_restart_the_lock_is_taken_again_before_a_commit_and_the_open_tr
         "not committed without the lock"
     );
 
-    // It goes away: the commit takes the lock and goes through.
+    // It goes away: the commit takes the lock and goes through. (Its
+    // backend ends a moment after the connection closes; until then the
+    // lock is still its, which the commit must refuse, as above.)
     drop(other);
+    wait_until_gone(&db, "the other process").await;
     sink.commit(&c).await.unwrap();
     assert_eq!(count(&db, &table).await, 1);
     assert_eq!(held_keys(&db, &pipeline).await, [key]);
@@ -206,4 +209,29 @@ async fn after_a_restart_the_lock_is_taken_again_before_a_commit_and_the_open_tr
     let next = prepare(&mut sink, 3, &[vec![record(0, 1, r#"{"id":2}"#)]]).await;
     sink.commit(&next).await.unwrap();
     assert_eq!(count(&db, &table).await, 2);
+}
+
+/// Waits (at most 10 s) until no session of `application_name` is left on
+/// the server: a closed connection's backend, and the advisory locks it
+/// holds, go a moment after the client is dropped.
+async fn wait_until_gone(db: &tokio_postgres::Client, application_name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&application_name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session of {application_name} is still there after 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
