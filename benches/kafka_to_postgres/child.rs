@@ -89,6 +89,9 @@ pub struct Finished {
     pub max_rss_kib: i64,
     /// User + system CPU seconds of the child.
     pub cpu_s: f64,
+    /// Times the child's threads gave up a CPU: (waiting, preempted), from
+    /// its rusage (`ru_nvcsw`, `ru_nivcsw`).
+    pub context_switches: (u64, u64),
     pub stdout: String,
     pub log: StderrSummary,
 }
@@ -347,6 +350,7 @@ impl Running {
             wall,
             max_rss_kib,
             cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+            context_switches: (usage.ru_nvcsw.max(0) as u64, usage.ru_nivcsw.max(0) as u64),
             stdout,
             log,
         })

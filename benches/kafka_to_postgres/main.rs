@@ -112,6 +112,9 @@ pub struct Outcome {
     ready_after: Option<Duration>,
     rss_kib: Option<i64>,
     cpu: Option<CpuUse>,
+    /// The run's process's context switches (all its threads): waiting,
+    /// preempted.
+    context_switches: Option<(u64, u64)>,
     /// Between the CPU samples: the run and the wait for its backends.
     cpu_wall: Duration,
     /// COPYs of rows the run finished.
@@ -334,6 +337,7 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
     };
     outcome.wall = finished.wall;
     outcome.rss_kib = Some(finished.max_rss_kib);
+    outcome.context_switches = Some(finished.context_switches);
     outcome.checkpoints = finished.log.checkpoints.clone();
     outcome.ready_after = finished.log.ready_after;
     outcome.notes.extend(finished.log.notes("throughput run"));

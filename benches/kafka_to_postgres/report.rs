@@ -101,15 +101,16 @@ pub fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
          the whole machine's busy time minus the total (this bench's own sampling, the services that sit idle, \
          and any other process); steal: time the hypervisor gave this VM's CPUs to others. Ceiling: the rate \
          this row's work would reach with both cores busy on it alone (cores ÷ its total CPU per record); \
-         % of it: how close the row came.",
+         % of it: how close the row came. Switches: the process's context switches per 1,000 records (every \
+         thread, from its rusage): waiting + preempted.",
         cores = crate::num_cores()
     );
     println!();
     println!(
         "| run | process | broker | PostgreSQL (Redis) | process per 1M | broker per 1M | PostgreSQL (Redis) per 1M | \
-         total per 1M | ceiling records/s | % of ceiling | peak RSS | wall × cores | the rest | steal |"
+         total per 1M | ceiling records/s | % of ceiling | switches per 1k | peak RSS | wall × cores | the rest | steal |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let fmt = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
     let per_m = |v: Option<f64>| {
         v.map_or("—".to_string(), |v| {
@@ -127,8 +128,12 @@ pub fn print_table(ctx: &Ctx, results: &[(Kind, Outcome)]) {
         let rss = o
             .rss_kib
             .map_or("—".into(), |k| format!("{:.0} MiB", k as f64 / 1024.0));
+        let per_k = |n: u64| n as f64 * 1000.0 / ctx.settings.records as f64;
+        let switches = o
+            .context_switches
+            .map_or("—".to_string(), |(v, i)| format!("{:.1} + {:.1}", per_k(v), per_k(i)));
         println!(
-            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {ceiling:.0} | {share} | {rss} | {:.1} | {} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {ceiling:.0} | {share} | {switches} | {rss} | {:.1} | {} | {} |",
             row_label(*kind, o),
             c.process_s,
             fmt(c.broker_s),
