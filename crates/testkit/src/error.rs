@@ -92,6 +92,22 @@ pub enum TestkitError {
         fix: &'static str,
     },
 
+    /// Freezing or thawing a service's processes did not take effect in
+    /// time.
+    #[error(
+        "{service}: {action} did not take effect within 5 s; threads still not there: {threads}. \
+         Fix: look at their state (`ps -L -o pid,lwp,stat,wchan -p <pid>`): a thread in \
+         uninterruptible sleep (D) or under a debugger does not stop or resume until it is released"
+    )]
+    SignalNotTaken {
+        /// Human name of the service.
+        service: &'static str,
+        /// What was asked.
+        action: &'static str,
+        /// The threads (`pid/tid`) not yet in the state asked for.
+        threads: String,
+    },
+
     /// The operation is not possible because the handle points at an
     /// externally managed service given through an environment variable.
     #[error(

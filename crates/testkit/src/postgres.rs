@@ -677,10 +677,10 @@ impl Lifecycle for Cluster {
     /// Signals the postmaster's process group (pg_ctl starts it in its own
     /// session, so its pid is the group id): every backend stops with it.
     fn set_frozen(&mut self, frozen: bool) -> Result<()> {
-        if let Some(pid) = process::read_pid(&self.data_dir.join("postmaster.pid")) {
-            process::signal_process_group(pid, if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+        match process::read_pid(&self.data_dir.join("postmaster.pid")) {
+            Some(pid) => process::freeze_process_group(pid, frozen, "PostgreSQL"),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn log_path(&self) -> &Path {

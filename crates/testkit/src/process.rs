@@ -367,26 +367,65 @@ pub(crate) fn kill_process_group(pgid: u32) {
     signal_process_group(pgid, libc::SIGKILL);
 }
 
-/// Waits (up to 5 s) until every thread of process `pid` is stopped
-/// (`stopped`) or none is, as `/proc/<pid>/task/*/stat` tells.
-fn wait_stopped(pid: u32, stopped: bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let state_of = |stat: &str| stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
-    while std::time::Instant::now() < deadline {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return;
-        };
-        let all = tasks.flatten().all(|task| {
-            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-            // 'T': stopped by a signal; a thread that just exited counts as done.
-            state_of(&stat).is_none_or(|state| (state == 'T') == stopped)
-        });
-        if all {
-            return;
+/// Freezes (SIGSTOP) or thaws (SIGCONT) every process of the process
+/// group `pgid` and returns once every thread of each is stopped (or none
+/// is), as `/proc/<pid>/task/*/stat` tells: a signal is delivered
+/// asynchronously, and a request sent right after `freeze` must meet a
+/// frozen service. An error when that has not happened within 5 s.
+pub(crate) fn freeze_process_group(pgid: u32, frozen: bool, service: &'static str) -> Result<()> {
+    signal_process_group(pgid, if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pending = group_threads_not_yet(pgid, frozen);
+        if pending.is_empty() {
+            return Ok(());
         }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        if Instant::now() >= deadline {
+            return Err(TestkitError::SignalNotTaken {
+                service,
+                action: if frozen { "freeze (SIGSTOP)" } else { "thaw (SIGCONT)" },
+                threads: pending.join(", "),
+            });
+        }
+        sleep(Duration::from_millis(5));
     }
-    tracing::warn!(pid, stopped, "the process did not reach the state asked for within 5 s");
+}
+
+/// The threads (`pid/tid`) of process group `pgid` that are not yet
+/// stopped (`stopped`), or not yet running again. A thread that exits
+/// meanwhile counts as done.
+fn group_threads_not_yet(pgid: u32, stopped: bool) -> Vec<String> {
+    // `/proc/<pid>/stat`: `pid (comm) state ppid pgrp ...`; comm may hold
+    // spaces and parentheses, so fields are read after its last `)`.
+    let fields = |path: &Path| -> Option<Vec<String>> {
+        let stat = fs::read_to_string(path).ok()?;
+        let (_, rest) = stat.rsplit_once(") ")?;
+        Some(rest.split_whitespace().take(3).map(str::to_string).collect())
+    };
+    let mut pending = Vec::new();
+    let Ok(processes) = fs::read_dir("/proc") else {
+        return pending;
+    };
+    for process in processes.flatten() {
+        let Some(pid) = process.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if fields(&process.path().join("stat")).and_then(|f| f.get(2)?.parse::<u32>().ok()) != Some(pgid) {
+            continue;
+        }
+        let Ok(tasks) = fs::read_dir(process.path().join("task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            // 'T': stopped by a signal; 'Z' and 'X': exited (a frozen
+            // parent cannot reap its children).
+            let state = fields(&task.path().join("stat")).and_then(|f| f.first()?.chars().next());
+            if state.is_some_and(|state| !matches!(state, 'Z' | 'X') && (state == 'T') != stopped) {
+                pending.push(format!("{pid}/{}", task.file_name().to_string_lossy()));
+            }
+        }
+    }
+    pending
 }
 
 /// Sends `signal` to every process in the process group `pgid`.
@@ -644,16 +683,10 @@ impl Lifecycle for ChildService {
     }
 
     fn set_frozen(&mut self, frozen: bool) -> Result<()> {
-        if let Some(child) = &self.child {
-            child.signal(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
-            if let Some(pid) = child.pid() {
-                // A signal is delivered asynchronously: return once every
-                // thread of the leader is (or is no longer) stopped, so a
-                // request sent right after `freeze` meets a frozen service.
-                wait_stopped(pid, frozen);
-            }
+        match self.child.as_ref().and_then(GroupChild::pid) {
+            Some(pgid) => freeze_process_group(pgid, frozen, self.spec.service),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn log_path(&self) -> &Path {

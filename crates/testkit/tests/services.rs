@@ -405,3 +405,31 @@ fn a_frozen_kafka_broker_answers_only_after_thaw() {
         .expect("the thawed broker answers the pending request");
     assert_eq!(api_versions(port, 9), (9, 0));
 }
+
+#[test]
+fn a_frozen_postgres_answers_only_after_thaw() {
+    init_tracing();
+    let mut pg = PostgresServer::start_own().expect("start PostgreSQL");
+    pg.freeze().expect("freeze: every process of the cluster stopped");
+    let mut stream = connect(pg.port());
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_millis(1500)))
+        .unwrap();
+    // A startup message (protocol 3.0, user postgres): the postmaster
+    // answers it with an authentication request or an error.
+    let mut body = 196_608i32.to_be_bytes().to_vec();
+    body.extend_from_slice(b"user\0postgres\0\0");
+    let mut message = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    message.extend_from_slice(&body);
+    stream
+        .write_all(&message)
+        .expect("the frozen server's socket accepts bytes");
+    let mut first = [0u8; 1];
+    assert!(stream.read_exact(&mut first).is_err(), "a frozen PostgreSQL answered");
+    pg.thaw().expect("thaw");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    stream
+        .read_exact(&mut first)
+        .expect("the thawed server answers the pending startup");
+    assert!(matches!(first[0], b'R' | b'E'), "{}", first[0] as char);
+}
