@@ -55,19 +55,6 @@ async fn application_names(db: &Client, pipeline: &str) -> Vec<String> {
     .await
 }
 
-/// A session of "another process": a client with `application_name`
-/// holding the lock `key`; returns it and its backend pid.
-async fn foreign_holder(url: &str, application_name: &str, key: i64) -> (Client, i32) {
-    let mut config: tokio_postgres::Config = url.parse().unwrap();
-    config.application_name(application_name);
-    let (other, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    // Waits for a session of a sink the test just dropped to end.
-    other.execute("SELECT pg_advisory_lock($1)", &[&key]).await.unwrap();
-    let pid: i32 = other.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
-    (other, pid)
-}
-
 /// The sink `PostgresSinkFactory::create` makes for subtask 0, recovered.
 async fn recovered(config: &PostgresSinkConfig, pipeline: &str) -> Result<Box<dyn ErasedSink>, String> {
     let mut sink = PostgresSinkFactory::new(config.clone())
@@ -120,7 +107,7 @@ async fn a_lock_held_by_another_process_is_fatal_names_the_holder_and_touches_no
     );
 
     // The other process ends: its lock goes with its session.
-    drop(other);
+    end_session(db, other, other_pid).await;
     let (third, _) = f.recovered(0, &[]).await;
     assert!(
         prepared(db, third.gid_prefix()).await.is_empty(),
@@ -143,7 +130,7 @@ async fn modes_upsert_and_fenced_are_locked_too() {
             message.contains(&format!("backend pid {pid}")) && message.contains("sink subtask 0"),
             "{mode}: {message}"
         );
-        drop(other);
+        end_session(&f.db, other, pid).await;
         recovered(&f.config, &f.pipeline).await.unwrap();
     }
 }

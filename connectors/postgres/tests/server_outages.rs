@@ -174,11 +174,7 @@ async fn after_a_restart_the_lock_is_taken_again_before_a_commit_and_the_open_tr
 
     pg.restart().unwrap();
     // Another process is quicker and takes the lock.
-    let mut other_config: tokio_postgres::Config = url.parse().unwrap();
-    other_config.application_name("the other process");
-    let (other, connection) = other_config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    other.execute("SELECT pg_advisory_lock($1)", &[&key]).await.unwrap();
+    let (other, other_pid) = foreign_holder(&url, "the other process", key).await;
     let message = fatal_message(sink.commit(&c).await);
     assert!(
         message.contains("the other process") && message.contains("sink subtask 0"),
@@ -191,11 +187,8 @@ async fn after_a_restart_the_lock_is_taken_again_before_a_commit_and_the_open_tr
         "not committed without the lock"
     );
 
-    // It goes away: the commit takes the lock and goes through. (Its
-    // backend ends a moment after the connection closes; until then the
-    // lock is still its, which the commit must refuse, as above.)
-    drop(other);
-    wait_until_gone(&db, "the other process").await;
+    // It goes away: the commit takes the lock and goes through.
+    end_session(&db, other, other_pid).await;
     sink.commit(&c).await.unwrap();
     assert_eq!(count(&db, &table).await, 1);
     assert_eq!(held_keys(&db, &pipeline).await, [key]);
@@ -209,29 +202,4 @@ async fn after_a_restart_the_lock_is_taken_again_before_a_commit_and_the_open_tr
     let next = prepare(&mut sink, 3, &[vec![record(0, 1, r#"{"id":2}"#)]]).await;
     sink.commit(&next).await.unwrap();
     assert_eq!(count(&db, &table).await, 2);
-}
-
-/// Waits (at most 10 s) until no session of `application_name` is left on
-/// the server: a closed connection's backend, and the advisory locks it
-/// holds, go a moment after the client is dropped.
-async fn wait_until_gone(db: &tokio_postgres::Client, application_name: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let left: i64 = db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-                &[&application_name],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if left == 0 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the session of {application_name} is still there after 10 s"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }

@@ -212,3 +212,39 @@ impl Fixture {
         count(&self.db, &self.table).await
     }
 }
+
+/// A session of "another process": a client with `application_name`
+/// holding the lock `key`; returns it and its backend pid.
+pub async fn foreign_holder(url: &str, application_name: &str, key: i64) -> (Client, i32) {
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.application_name(application_name);
+    let (other, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    // Waits for a session of a sink the test just dropped to end.
+    other.execute("SELECT pg_advisory_lock($1)", &[&key]).await.unwrap();
+    let pid: i32 = other.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    (other, pid)
+}
+
+/// Closes `session` (backend `pid`) as a process that ends would, and
+/// waits (at most 10 s) until its backend, and the advisory locks it
+/// holds, are gone: they go a moment after the client is dropped.
+pub async fn end_session(db: &Client, session: Client, pid: i32) {
+    drop(session);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: i64 = db
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session of backend {pid} is still there after 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
