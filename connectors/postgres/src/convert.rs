@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::error::Error;
 
 use bytes::{BufMut, BytesMut};
-use exactly_core::{JsonPointer, Record};
+use exactly_core::{JsonFacts, JsonPointer, Record};
 use serde_json::Value;
 use tokio_postgres::types::{to_sql_checked, IsNull, Json, ToSql, Type};
 
@@ -175,8 +175,7 @@ pub(crate) fn to_row<'a>(
     } else {
         let scanned = JsonPointer::scan_all(pointers, &record.value)
             .map_err(|e| format!("the value is not valid JSON ({e}), so JSON pointers cannot be read"))?;
-        let known = KnownJson::of(&scanned);
-        (scanned.found, Some(known))
+        (scanned.found, Some(scanned.facts))
     };
     let mut pointed = pointed.iter();
     let start = cells.len();
@@ -230,27 +229,9 @@ fn extract<'a>(record: &'a Record, from: &FieldSource) -> Input<'a> {
     }
 }
 
-/// What a pass over bytes found when it read them as valid JSON.
-#[derive(Clone, Copy, Debug)]
-struct KnownJson {
-    /// A string holds the escape `\u0000`.
-    nul_escape: bool,
-    /// The most digits after the decimal point of a number
-    /// ([`exactly_core::Scanned::max_scale`]).
-    max_scale: u64,
-}
-
-impl KnownJson {
-    fn of(scanned: &exactly_core::Scanned) -> KnownJson {
-        KnownJson {
-            nul_escape: scanned.nul_escape,
-            max_scale: scanned.max_scale,
-        }
-    }
-}
-
-/// `known_json`: the input is bytes already read as valid JSON.
-fn convert<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<KnownJson>) -> Result<Cell<'a>, String> {
+/// `known_json`: the input is bytes a pass already read as valid JSON, and
+/// what it found.
+fn convert<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<JsonFacts>) -> Result<Cell<'a>, String> {
     let cell = match input {
         Input::Missing | Input::Null if column.required => {
             return Err(match input {
@@ -267,7 +248,7 @@ fn convert<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<KnownJs
     Ok(cell)
 }
 
-fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<KnownJson>) -> Result<Cell<'a>, String> {
+fn typed<'a>(input: Input<'a>, column: &ColumnSpec, known_json: Option<JsonFacts>) -> Result<Cell<'a>, String> {
     Ok(match column.ty {
         ColumnType::SmallInt => Cell::SmallInt(in_range(integer(&input)?, "smallint")?),
         ColumnType::Int => Cell::Int(in_range(integer(&input)?, "int")?),
@@ -331,14 +312,10 @@ const NUL_IN_JSONB: &str = "jsonb cannot store the character \\u0000";
 /// whole surrogate pairs, numbers in range, at most 127 levels deep) and,
 /// for `jsonb`, no `\\u0000` escape. `known_json`: what a pass over these
 /// bytes already found.
-fn json_text(raw: &[u8], jsonb: bool, known_json: Option<KnownJson>) -> Result<&[u8], String> {
+fn json_text(raw: &[u8], jsonb: bool, known_json: Option<JsonFacts>) -> Result<&[u8], String> {
     let known = match known_json {
         Some(known) => known,
-        None => {
-            let scanned =
-                exactly_core::validate_json(raw).map_err(|e| format!("the bytes are not valid JSON ({e})"))?;
-            KnownJson::of(&scanned)
-        }
+        None => exactly_core::validate_json(raw).map_err(|e| format!("the bytes are not valid JSON ({e})"))?,
     };
     if jsonb && known.nul_escape {
         return Err(NUL_IN_JSONB.into());
@@ -827,7 +804,7 @@ mod tests {
                 let ours = json_text(raw.as_bytes(), jsonb, None).is_ok();
                 if ours {
                     // What the pointer pass would have found instead.
-                    let known = KnownJson::of(&exactly_core::validate_json(raw.as_bytes()).unwrap());
+                    let known = exactly_core::validate_json(raw.as_bytes()).unwrap();
                     assert!(json_text(raw.as_bytes(), jsonb, Some(known)).is_ok(), "{raw}");
                 }
                 let expected = reference(raw, jsonb);

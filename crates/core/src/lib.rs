@@ -33,7 +33,7 @@ pub use idempotent::{
     DeadLetter, Fenced, FencedSink, FencedSinkFactory, HeldInterval, HeldRecords, IdempotentSink,
     IdempotentSinkFactory, ReplaySafe, WriteAhead, WriteOutcome,
 };
-pub use json::{validate as validate_json, InvalidPointer, JsonPointer, Scanned};
+pub use json::{validate as validate_json, InvalidPointer, JsonFacts, JsonPointer, Scanned};
 pub use metrics::{CheckpointStatsSnapshot, HistogramSnapshot, Metrics, MetricsSnapshot, Readiness, SubtaskSnapshot};
 pub use ownership::{plan_recovery, RecoveryPlan, TransactionNames};
 pub use pipeline::{route, Failover, Guarantee, Pipeline, PipelineConfig, RunSummary};

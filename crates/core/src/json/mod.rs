@@ -114,12 +114,8 @@ impl JsonPointer {
             .collect();
         let mut scanner = Scanner::new(json, &mut found);
         scanner.document(&wanted)?;
-        let (nul_escape, max_scale) = (scanner.nul_escape, scanner.max_scale);
-        Ok(Scanned {
-            found,
-            nul_escape,
-            max_scale,
-        })
+        let facts = scanner.facts;
+        Ok(Scanned { found, facts })
     }
 }
 
@@ -133,6 +129,14 @@ pub struct Scanned {
     /// What each pointer names, in the order they were given (`None`:
     /// nothing there).
     pub found: Found,
+    /// What else the pass saw.
+    pub facts: JsonFacts,
+}
+
+/// What a pass over a valid JSON document saw that a store keeping its
+/// text may refuse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JsonFacts {
     /// Whether a string (a key or a value) holds the escape `\u0000`: valid
     /// JSON that PostgreSQL's `jsonb` refuses to store.
     pub nul_escape: bool,
@@ -145,8 +149,8 @@ pub struct Scanned {
 
 /// Checks that `json` is one JSON document that parsing into a
 /// [`serde_json::Value`] would accept, without building it.
-pub fn validate(json: &[u8]) -> Result<Scanned, serde_json::Error> {
-    JsonPointer::scan_all(&[], json)
+pub fn validate(json: &[u8]) -> Result<JsonFacts, serde_json::Error> {
+    JsonPointer::scan_all(&[], json).map(|scanned| scanned.facts)
 }
 
 impl fmt::Display for JsonPointer {
@@ -283,8 +287,25 @@ mod tests {
         }
     }
 
+    /// Arrays and objects of `leaf` values nested up to four deep, with
+    /// `key` (written JSON strings) as keys; whitespace between tokens.
+    fn nested(leaf: BoxedStrategy<String>, key: BoxedStrategy<String>) -> BoxedStrategy<String> {
+        leaf.prop_recursive(4, 40, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[ {} ]", items.join(" ,\n"))),
+                prop::collection::vec((key.clone(), inner), 0..4).prop_map(|entries| {
+                    let fields: Vec<String> = entries.into_iter().map(|(k, v)| format!("{k} :\t{v}")).collect();
+                    format!("{{{}}}\r", fields.join(","))
+                }),
+            ]
+        })
+        .boxed()
+    }
+
     /// Small JSON documents whose keys and indexes overlap with the tokens
-    /// of [`pointer_text`], with repeated keys written into the text.
+    /// of [`pointer_text`], with repeated keys written into the text, some
+    /// keys written with escapes (`\u0061` for `a`, a surrogate pair for
+    /// U+1F600) so that decoded keys are compared too.
     fn document() -> BoxedStrategy<String> {
         let key = prop_oneof![
             Just("a"),
@@ -296,6 +317,13 @@ mod tests {
             Just("é"),
             Just("\u{1F600}")
         ];
+        let written_key = (key, any::<bool>()).prop_map(|(key, escaped)| {
+            if !escaped {
+                return serde_json::to_string(key).expect("a key");
+            }
+            let units: String = key.encode_utf16().map(|unit| format!("\\u{unit:04x}")).collect();
+            format!("\"{units}\"")
+        });
         let leaf = prop_oneof![
             Just("null".to_string()),
             any::<i32>().prop_map(|n| n.to_string()),
@@ -303,29 +331,7 @@ mod tests {
             Just("true".to_string()),
             Just("1.5e3".to_string()),
         ];
-        leaf.prop_recursive(4, 40, 4, move |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[{}]", items.join(","))),
-                prop::collection::vec((key.clone(), inner), 0..4).prop_map(|entries| {
-                    let fields: Vec<String> = entries
-                        .into_iter()
-                        .map(|(k, v)| format!("{}:{v}", written_key(k, v.len())))
-                        .collect();
-                    format!("{{{}}}", fields.join(","))
-                }),
-            ]
-        })
-        .boxed()
-    }
-
-    /// `key` as a JSON string, some written with escapes (`\u0061` for `a`,
-    /// a surrogate pair for U+1F600) so that decoded keys are compared too.
-    fn written_key(key: &str, choice: usize) -> String {
-        if choice.is_multiple_of(2) {
-            return serde_json::to_string(key).expect("a key");
-        }
-        let escaped: String = key.encode_utf16().map(|unit| format!("\\u{unit:04x}")).collect();
-        format!("\"{escaped}\"")
+        nested(leaf.boxed(), written_key.boxed())
     }
 
     fn pointer_text() -> BoxedStrategy<String> {
@@ -478,16 +484,7 @@ mod tests {
             Just("false".to_string()),
             Just("null".to_string()),
         ];
-        leaf.prop_recursive(4, 30, 4, move |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(|items| format!("[ {} ]", items.join(" ,\n"))),
-                prop::collection::vec((string.clone(), inner), 0..4).prop_map(|entries| {
-                    let fields: Vec<String> = entries.into_iter().map(|(k, v)| format!("{k} :\t{v}")).collect();
-                    format!("{{{}}}\r", fields.join(","))
-                }),
-            ]
-        })
-        .boxed()
+        nested(leaf.boxed(), string.boxed())
     }
 
     /// One byte of `doc` changed: replaced, removed or inserted.

@@ -16,6 +16,8 @@ use serde::de::Error as _;
 use serde_json::Value;
 use smallvec::SmallVec;
 
+use super::JsonFacts;
+
 /// The pointers followed below a node: on the stack for up to four (no
 /// allocation per document or per object for the usual few columns).
 pub(super) type Wanted4<'p> = SmallVec<[Wanted<'p>; 4]>;
@@ -38,12 +40,8 @@ pub(super) struct Scanner<'j, 'f> {
     json: &'j [u8],
     at: usize,
     depth: usize,
-    /// A string holds the escape `\u0000` (what `jsonb` refuses to store).
-    pub nul_escape: bool,
-    /// The most digits after the decimal point of a number, once its
-    /// exponent is applied (`1.25e-3`: 5); `u64::MAX` for an exponent of a
-    /// billion or more.
-    pub max_scale: u64,
+    /// What the document holds besides the answers.
+    pub facts: JsonFacts,
     found: &'f mut [Option<Value>],
 }
 
@@ -56,8 +54,7 @@ impl<'j, 'f> Scanner<'j, 'f> {
             json,
             at: 0,
             depth: 0,
-            nul_escape: false,
-            max_scale: 0,
+            facts: JsonFacts::default(),
             found,
         }
     }
@@ -135,11 +132,35 @@ impl<'j, 'f> Scanner<'j, 'f> {
         Ok(())
     }
 
+    /// Whether the container just opened ends at once (its `close` is
+    /// next, and is read).
+    fn closes_at_once(&mut self, close: u8) -> bool {
+        self.skip_whitespace();
+        let empty = self.peek() == Some(close);
+        self.at += usize::from(empty);
+        empty
+    }
+
+    /// After a member of a container: `,` (another follows: true) or its
+    /// `close` (it ends: false).
+    fn another(&mut self, close: u8, what: &str) -> Result<bool> {
+        self.skip_whitespace();
+        match self.peek() {
+            Some(b',') => {
+                self.at += 1;
+                Ok(true)
+            }
+            Some(b) if b == close => {
+                self.at += 1;
+                Ok(false)
+            }
+            _ => Err(self.error(what)),
+        }
+    }
+
     /// The members of an object whose `{` was read.
     fn object(&mut self, wanted: &[Wanted<'_>]) -> Result<()> {
-        self.skip_whitespace();
-        if self.peek() == Some(b'}') {
-            self.at += 1;
+        if self.closes_at_once(b'}') {
             return Ok(());
         }
         let mut below = Wanted4::new();
@@ -171,23 +192,15 @@ impl<'j, 'f> Scanner<'j, 'f> {
             }
             self.expect(b':', "expected `:`")?;
             self.value(&below)?;
-            self.skip_whitespace();
-            match self.peek() {
-                Some(b',') => self.at += 1,
-                Some(b'}') => {
-                    self.at += 1;
-                    return Ok(());
-                }
-                _ => return Err(self.error("expected `,` or `}`")),
+            if !self.another(b'}', "expected `,` or `}`")? {
+                return Ok(());
             }
         }
     }
 
     /// The elements of an array whose `[` was read.
     fn array(&mut self, wanted: &[Wanted<'_>]) -> Result<()> {
-        self.skip_whitespace();
-        if self.peek() == Some(b']') {
-            self.at += 1;
+        if self.closes_at_once(b']') {
             return Ok(());
         }
         let mut below = Wanted4::new();
@@ -204,14 +217,8 @@ impl<'j, 'f> Scanner<'j, 'f> {
                     }),
             );
             self.value(&below)?;
-            self.skip_whitespace();
-            match self.peek() {
-                Some(b',') => self.at += 1,
-                Some(b']') => {
-                    self.at += 1;
-                    return Ok(());
-                }
-                _ => return Err(self.error("expected `,` or `]`")),
+            if !self.another(b']', "expected `,` or `]`")? {
+                return Ok(());
             }
             index += 1;
         }
@@ -270,7 +277,7 @@ impl<'j, 'f> Scanner<'j, 'f> {
             b'u' => {
                 let unit = self.hex4()?;
                 match unit {
-                    0 => self.nul_escape = true,
+                    0 => self.facts.nul_escape = true,
                     0xDC00..=0xDFFF => return Err(self.error("lone trailing surrogate in a \\u escape")),
                     0xD800..=0xDBFF => {
                         if self.json.get(self.at..self.at + 2) != Some(b"\\u") {
@@ -351,7 +358,7 @@ impl<'j, 'f> Scanner<'j, 'f> {
             Some(e) if e.unsigned_abs() >= BILLION => u64::MAX,
             _ => u64::try_from((fraction_digits as i64).saturating_sub(exponent.unwrap_or(0))).unwrap_or(0),
         };
-        self.max_scale = self.max_scale.max(scale);
+        self.facts.max_scale = self.facts.max_scale.max(scale);
         // Without an exponent, fewer than 309 integer digits are below
         // f64::MAX (1.8e308), however many decimals follow: finite. The
         // rest is read by `serde_json` itself, whose rounding near f64::MAX
