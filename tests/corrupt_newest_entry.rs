@@ -69,12 +69,19 @@ impl Case {
     }
 
     /// A case whose feed of orders runs while the pipeline, reading it as
-    /// it grows, persists region 0's 12th checkpoint and is SIGKILLed before
-    /// committing it; the feed is still running.
+    /// it grows, persists region 0's 12th checkpoint that lists prepared
+    /// transactions (an interval in which the region read nothing prepares
+    /// none) and is SIGKILLed before committing it; the feed is still
+    /// running.
     fn killed_between_persist_and_commit(prefix: &str) -> (Case, Feed) {
         let case = Case::new(prefix);
         let feed = Feed::start(case.kafka.bootstrap(), &case.topic, ORDERS);
-        run_killed_within(&case.pipeline(false), "coordinator.after_persist@0:12", &[], TIMEOUT);
+        run_killed_within(
+            &case.pipeline(false),
+            "coordinator.after_persist_pending@0:12",
+            &[],
+            TIMEOUT,
+        );
         assert!(feed.is_running(), "the input was complete before the crash");
         (case, feed)
     }
