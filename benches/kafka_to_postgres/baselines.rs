@@ -7,15 +7,15 @@
 //!
 //! Each prints `records=N` (and `copies=N` when it writes) on stdout.
 
-use std::pin::Pin;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{anyhow, bail, Context, Result};
+use exactly_postgres::copy::BinaryCopy;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::ToSql;
 
 use crate::child::{log_dir, Running};
 use crate::fetched::{self, Row};
@@ -92,17 +92,18 @@ fn copy(args: &Args) -> Result<()> {
             let (url, table, n) = (args.pg_url.clone(), args.table.clone(), args.records);
             tasks.push(tokio::spawn(async move {
                 let client = pg_connect(&url).await?;
-                let sink = client.copy_in(&copy_sql(&table)).await?;
-                let mut writer = std::pin::pin!(BinaryCopyInWriter::new(sink, &COPY_TYPES));
+                let mut copy = BinaryCopy::start(&client, &copy_sql(&table), &COPY_TYPES).await?;
                 let ts = SystemTime::now();
                 let owned = owned_partitions(s);
                 for id in (0..n).filter(|id| owned.contains(&partition_of(*id))) {
                     let (part, off, idv) = (partition_of(id), (id / PARTITIONS as u64) as i64, id as i64);
                     let value = order_json(id);
                     let payload = RawJsonb(value.as_bytes());
-                    writer.as_mut().write(&[&part, &off, &idv, &ts, &payload]).await?;
+                    let cells: [&(dyn ToSql + Sync); 5] = [&part, &off, &idv, &ts, &payload];
+                    copy.push_row(cells)?;
+                    copy.send_full().await?;
                 }
-                anyhow::Ok(writer.finish().await?)
+                anyhow::Ok(copy.finish().await?)
             }));
         }
         let mut rows = 0;
@@ -256,8 +257,6 @@ fn minimal_loop(args: &Args) -> Result<()> {
     Ok(())
 }
 
-type OpenCopy = Pin<Box<BinaryCopyInWriter>>;
-
 /// Streams batches into binary COPYs on `client`, each committing by itself
 /// (autocommit), cut like the PostgreSQL sink's COPYs: after
 /// [`COPY_SEGMENT_BYTES`] of record data (values and keys). A COPY is also
@@ -271,7 +270,7 @@ async fn copy_batches(
     mut rx: tokio::sync::mpsc::Receiver<Vec<Row>>,
 ) -> Result<(u64, u64)> {
     let (mut rows, mut copies) = (0, 0);
-    let mut open: Option<(OpenCopy, tokio::time::Instant)> = None;
+    let mut open: Option<(BinaryCopy, tokio::time::Instant)> = None;
     let mut bytes = 0;
     loop {
         let next = match &open {
@@ -290,18 +289,17 @@ async fn copy_batches(
         let (writer, _) = match &mut open {
             Some(open) => open,
             None => {
-                let writer = BinaryCopyInWriter::new(client.copy_in(&statement).await?, &COPY_TYPES);
-                open.insert((Box::pin(writer), tokio::time::Instant::now() + CHECKPOINT_INTERVAL))
+                let copy = BinaryCopy::start(&client, &statement, &COPY_TYPES).await?;
+                open.insert((copy, tokio::time::Instant::now() + CHECKPOINT_INTERVAL))
             }
         };
         for r in &batch {
             let payload = RawJsonb(&r.payload);
-            writer
-                .as_mut()
-                .write(&[&r.part, &r.off, &r.id, &r.ts, &payload])
-                .await?;
+            let cells: [&(dyn ToSql + Sync); 5] = [&r.part, &r.off, &r.id, &r.ts, &payload];
+            writer.push_row(cells)?;
             bytes += r.data_bytes;
         }
+        writer.send_full().await?;
         if bytes >= COPY_SEGMENT_BYTES {
             rows += finish(&mut open, &mut copies).await?;
             bytes = 0;
@@ -312,10 +310,10 @@ async fn copy_batches(
 }
 
 /// Finishes the open COPY, if any (its rows commit), counting it.
-async fn finish(open: &mut Option<(OpenCopy, tokio::time::Instant)>, copies: &mut u64) -> Result<u64> {
-    let Some((mut writer, _)) = open.take() else {
+async fn finish(open: &mut Option<(BinaryCopy, tokio::time::Instant)>, copies: &mut u64) -> Result<u64> {
+    let Some((copy, _)) = open.take() else {
         return Ok(0);
     };
     *copies += 1;
-    Ok(writer.as_mut().finish().await?)
+    Ok(copy.finish().await?)
 }

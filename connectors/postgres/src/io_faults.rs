@@ -32,11 +32,10 @@ pub(crate) const MID_COPY: &str = "postgres_sink.mid_copy";
 /// See the module documentation.
 pub(crate) const BEFORE_PREPARE_ANSWER: &str = "postgres_sink.before_prepare_answer";
 
-/// Record data a COPY has taken when [`MID_COPY`] is reached: more than the
-/// 4 KiB the binary COPY writer buffers before it sends (a row takes at least
-/// its value's bytes encoded when the value is a column, as in the usual
-/// mappings), so rows have left the process; a planned crash also waits for
-/// the server to show them.
+/// Record data a COPY has taken when [`MID_COPY`] is reached (a row takes at
+/// least its value's bytes encoded when the value is a column, as in the
+/// usual mappings). A planned crash first sends what the COPY still buffers,
+/// so rows have left the process, and waits for the server to show them.
 pub(crate) const MID_COPY_BYTES: usize = 4 * 1024 + 512;
 
 /// How long a planned crash waits for the server to show its state.
@@ -75,8 +74,14 @@ pub(crate) async fn after_sending<F: Future>(request: F, point: &str, between: i
 impl PostgresSink {
     /// [`MID_COPY`]: a COPY of rows is open and has streamed
     /// [`MID_COPY_BYTES`] or more.
-    pub(crate) async fn mid_copy_point(&self) {
+    pub(crate) async fn mid_copy_point(&mut self) {
         if planned(MID_COPY) {
+            // Rows still in the COPY's buffer have not left the process.
+            if let Some(copy) = self.open_copy() {
+                if let Err(error) = copy.send_all().await {
+                    tracing::warn!(%error, "sending the buffered rows before a planned crash failed; crashing anyway");
+                }
+            }
             if let (Some(committer), Some(pid)) = (self.committer_if_up(), self.writer_pid()) {
                 wait_for(
                     committer,

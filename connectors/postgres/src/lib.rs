@@ -140,6 +140,7 @@
 
 mod config;
 mod convert;
+pub mod copy;
 mod error;
 mod gid;
 mod idempotent;

@@ -1,19 +1,18 @@
 //! The sink subtask: one PostgreSQL transaction per checkpoint.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use exactly_core::{CheckpointId, ConnectorError, Record, ReplayCheck, SinkContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::config::{Settings, SinkMode};
 use crate::convert::Cell;
+use crate::copy::BinaryCopy;
 use crate::error::classify;
 use crate::gid::{gid, gid_prefix};
 use crate::io_faults;
@@ -21,7 +20,7 @@ use crate::lock::{lock_subtasks, new_instance, SubtaskLock};
 use crate::markers::MarkerFloor;
 use crate::schema::{prepare_tables, Layout};
 use crate::sql::quote_literal;
-use crate::write::{connect, convert, copy_in, write_copy_rows, Rows, Subtask};
+use crate::write::{connect, convert, copy_in, push_rows, Rows, Subtask};
 
 /// How long a write waits for a row or table lock before the checkpoint
 /// fails (instead of waiting forever behind a lock the sink itself must
@@ -59,7 +58,9 @@ pub struct PostgresSink {
     /// The COPY of rows left open on `writer` between the writes of one
     /// transaction, so rows stream to PostgreSQL while the next batch is
     /// converted; finished before any other statement on `writer`.
-    copy: Option<OpenCopy>,
+    /// The open COPY of rows. Dropping it unfinished makes the client send
+    /// `CopyFail`, which fails the COPY (and so its transaction).
+    copy: Option<BinaryCopy>,
     /// Bytes of record values and keys streamed into `copy` so far.
     copy_bytes: usize,
     /// When this sink last deleted its old commit markers.
@@ -78,11 +79,6 @@ const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// pre-commit has to wait for (about 40 ms of one backend's work for 100-byte
 /// JSON rows), while rows stream without a round trip per batch in between.
 const COPY_SEGMENT_BYTES: usize = 512 * 1024;
-
-/// A `COPY ... FROM STDIN (FORMAT binary)` in progress. Dropping it unfinished
-/// makes the client send `CopyFail`, which fails the COPY (and so its
-/// transaction).
-type OpenCopy = Pin<Box<BinaryCopyInWriter>>;
 
 impl std::fmt::Debug for PostgresSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -186,6 +182,11 @@ impl PostgresSink {
     /// The commit connection, if it is up.
     pub(crate) fn committer_if_up(&self) -> Option<&Client> {
         self.committer.as_ref().filter(|c| !c.is_closed())
+    }
+
+    /// The open COPY of rows, if any.
+    pub(crate) fn open_copy(&mut self) -> Option<&mut BinaryCopy> {
+        self.copy.as_mut()
     }
 
     /// The backend pid of the write connection.
@@ -319,7 +320,7 @@ impl PostgresSink {
     /// COPY that ends before this returns.
     async fn copy(&self, sql: &str, types: &[Type], rows: &Rows<'_>, what: &str) -> Result<u64, ConnectorError> {
         let result = copy_in(self.writer()?, sql, types, rows).await;
-        result.map_err(|e| self.pg_error(what, &e))
+        result.map_err(|e| self.subtask.copy_error(what, &e))
     }
 
     /// Streams rows into the transaction's open COPY of rows, starting it
@@ -327,14 +328,13 @@ impl PostgresSink {
     /// error PostgreSQL finds in them surfaces when the COPY is finished.
     async fn stream_rows(&mut self, layout: &Layout, rows: &Rows<'_>) -> Result<(), ConnectorError> {
         if self.copy.is_none() {
-            let sink = self.writer()?.copy_in(layout.copy_rows.as_str()).await;
-            let sink = sink.map_err(|e| self.pg_error("COPY of rows", &e))?;
-            self.copy = Some(Box::pin(BinaryCopyInWriter::new(sink, &layout.row_types)));
+            let copy = BinaryCopy::start(self.writer()?, &layout.copy_rows, &layout.row_types).await;
+            self.copy = Some(copy.map_err(|e| self.subtask.copy_error("COPY of rows", &e))?);
         }
         let copy = self.copy.as_mut().expect("started above");
-        write_copy_rows(copy.as_mut(), rows).await.map_err(|e| {
+        push_rows(copy, rows).await.map_err(|e| {
             self.drop_copy();
-            self.pg_error("COPY of rows", &e)
+            self.subtask.copy_error("COPY of rows", &e)
         })
     }
 
@@ -348,14 +348,13 @@ impl PostgresSink {
     /// Ends the open COPY of rows, if any, and waits for PostgreSQL's answer.
     async fn finish_copy(&mut self, checkpoint: CheckpointId) -> Result<(), ConnectorError> {
         self.copy_bytes = 0;
-        let Some(mut copy) = self.copy.take() else {
+        let Some(copy) = self.copy.take() else {
             return Ok(());
         };
         let written = copy
-            .as_mut()
             .finish()
             .await
-            .map_err(|e| self.pg_error("COPY of rows", &e))?;
+            .map_err(|e| self.subtask.copy_error("COPY of rows", &e))?;
         tracing::debug!(rows = written, %checkpoint, "rows written");
         Ok(())
     }

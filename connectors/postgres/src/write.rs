@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use exactly_core::{ConnectorError, Record, SinkContext};
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, ToStatement};
 
 use crate::config::Settings;
 use crate::convert::{pointers_of, to_row, Cell, ColumnSpec};
+use crate::copy::{BinaryCopy, CopyError};
 use crate::error::classify;
 use crate::lock;
 
@@ -113,27 +113,18 @@ pub(crate) fn convert<'a>(
     (rows, bad)
 }
 
-/// COPYs rows in binary format.
-pub(crate) async fn copy_in(
-    client: &Client,
-    sql: &str,
-    types: &[Type],
-    rows: &Rows<'_>,
-) -> Result<u64, tokio_postgres::Error> {
-    let sink = client.copy_in(sql).await?;
-    let writer = BinaryCopyInWriter::new(sink, types);
-    let mut writer = std::pin::pin!(writer);
-    write_copy_rows(writer.as_mut(), rows).await?;
-    writer.finish().await
+/// COPYs rows in binary format, in one COPY that ends before this returns.
+pub(crate) async fn copy_in(client: &Client, sql: &str, types: &[Type], rows: &Rows<'_>) -> Result<u64, CopyError> {
+    let mut copy = BinaryCopy::start(client, sql, types).await?;
+    push_rows(&mut copy, rows).await?;
+    copy.finish().await
 }
 
-/// Writes rows into a COPY in progress.
-pub(crate) async fn write_copy_rows(
-    mut writer: std::pin::Pin<&mut BinaryCopyInWriter>,
-    rows: &Rows<'_>,
-) -> Result<(), tokio_postgres::Error> {
+/// Encodes rows into a COPY in progress, sending whole chunks as they fill.
+pub(crate) async fn push_rows(copy: &mut BinaryCopy, rows: &Rows<'_>) -> Result<(), CopyError> {
     for row in rows.iter() {
-        writer.as_mut().write_raw(row.iter()).await?;
+        copy.push_row(row)?;
+        copy.send_full().await?;
     }
     Ok(())
 }
@@ -177,6 +168,20 @@ impl Subtask {
 
     pub fn pg_error(&self, action: &str, e: &tokio_postgres::Error) -> ConnectorError {
         classify(&self.label(action), &self.settings.url, e)
+    }
+
+    /// A failed COPY: the server's or connection's error classified as
+    /// [`pg_error`](Self::pg_error) does; a value that cannot be encoded
+    /// (the conversions check every value against its column first, so this
+    /// is a bug) is fatal.
+    pub fn copy_error(&self, action: &str, e: &CopyError) -> ConnectorError {
+        match e {
+            CopyError::Postgres(e) => self.pg_error(action, e),
+            other => ConnectorError::fatal(
+                self.label(action),
+                format!("{other}: a value passed the sink's conversion checks but not the encoder (a bug in exactly-postgres)"),
+            ),
+        }
     }
 
     /// The connection of an open transaction is gone.

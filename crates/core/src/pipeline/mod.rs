@@ -238,8 +238,14 @@ impl Pipeline {
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Option<crate::record::CheckpointId>, AttemptFailure> {
         let mut restored = self.restore(region).await?;
-        let sinks = self.recover_sinks(region, &restored).await?;
-        let mut sources = self.restore_sources(region, &restored).await?;
+        // The sinks recover while the sources look up their positions (no
+        // record flows before both are done and wired); a sink's failure is
+        // reported first, as if they ran one after the other.
+        let (sinks, sources) = tokio::join!(
+            self.recover_sinks(region, &restored),
+            self.restore_sources(region, &restored)
+        );
+        let (sinks, mut sources) = (sinks?, sources?);
         self.pin_start(region, &mut restored, &mut sources).await?;
         let wired = self.wire(region, sinks, sources, restored.base());
         driver::Driver::new(self, region, wired, restored.id(), restored.reserved)
