@@ -16,11 +16,19 @@ use crate::record::{Record, SplitPositions};
 use crate::source::{Poll, Source};
 use crate::split_name::SplitName;
 
+/// Sends `msg` to a sink subtask. When the channel is full the source waits
+/// until half of it is free, not for one slot: a source that reads faster
+/// than its sink writes then wakes once per several batches instead of once
+/// per batch the sink takes (everything queued ahead has to reach the sink
+/// first anyway, so a barrier arrives no later).
 async fn send(output: &mpsc::Sender<Msg>, msg: Msg) -> Result<(), ConnectorError> {
-    output
-        .send(msg)
-        .await
-        .map_err(|_| ConnectorError::transient("source", "a sink subtask stopped"))
+    let stopped = || ConnectorError::transient("source", "a sink subtask stopped");
+    if output.capacity() == 0 {
+        let half = (output.max_capacity() / 2).max(1);
+        // The permits go back when dropped; the send below takes one.
+        drop(output.reserve_many(half).await.map_err(|_| stopped())?);
+    }
+    output.send(msg).await.map_err(|_| stopped())
 }
 
 pub(super) struct SourceTask {
@@ -158,5 +166,56 @@ impl SourceTask {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::CheckpointId;
+
+    fn barrier(id: u64) -> Msg {
+        Msg::Barrier(CheckpointId(id))
+    }
+
+    fn id_of(msg: Option<Msg>) -> u64 {
+        match msg {
+            Some(Msg::Barrier(id)) => id.0,
+            _ => panic!("expected a barrier"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_channel_takes_the_next_message_once_half_of_it_is_free() {
+        let (tx, mut rx) = mpsc::channel(4);
+        for id in 1..=4 {
+            send(&tx, barrier(id)).await.expect("room");
+        }
+        let waiting = tokio::spawn(async move { send(&tx, barrier(5)).await });
+        tokio::task::yield_now().await;
+        assert_eq!(id_of(rx.recv().await), 1);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "one free slot of four does not wake the source");
+        assert_eq!(id_of(rx.recv().await), 2);
+        waiting.await.expect("joined").expect("sent once half is free");
+        let rest: Vec<u64> = [rx.recv().await, rx.recv().await, rx.recv().await]
+            .into_iter()
+            .map(id_of)
+            .collect();
+        assert_eq!(rest, [3, 4, 5], "nothing lost or reordered");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_sink_is_a_transient_error_even_while_waiting_for_room() {
+        let (tx, rx) = mpsc::channel(2);
+        send(&tx, barrier(1)).await.expect("room");
+        send(&tx, barrier(2)).await.expect("room");
+        let waiting = tokio::spawn(async move { send(&tx, barrier(3)).await });
+        tokio::task::yield_now().await;
+        drop(rx);
+        let error = waiting.await.expect("joined").expect_err("the sink is gone");
+        assert!(error.to_string().contains("a sink subtask stopped"), "{error}");
     }
 }
