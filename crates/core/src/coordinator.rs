@@ -133,7 +133,7 @@ pub enum Action {
     Fail { failures: u32, reason: String },
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct InFlight {
     id: CheckpointId,
     triggered_ms: u64,
@@ -142,7 +142,7 @@ struct InFlight {
 }
 
 /// The coordinator state machine. See the module documentation.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Coordinator {
     config: CheckpointConfig,
     /// Every task that must acknowledge a checkpoint.
@@ -213,6 +213,31 @@ impl Coordinator {
     /// Consecutive failed checkpoints so far.
     pub fn consecutive_failures(&self) -> u32 {
         self.consecutive_failures
+    }
+
+    /// The earliest `now_ms` at which an [`Event::Tick`] leads to an action
+    /// (the next checkpoint's trigger, or the timeout of the one in flight),
+    /// so a driver can sleep until then instead of ticking: a tick before it
+    /// changes nothing. `None` while no tick can (a checkpoint is being
+    /// persisted, or the coordinator has failed). Other events move it; ask
+    /// again after each.
+    pub fn next_tick_ms(&self) -> Option<u64> {
+        if self.failed {
+            return None;
+        }
+        let ms = |d: Duration| d.as_millis() as u64;
+        match &self.in_flight {
+            Some(f) if f.persisting => None,
+            Some(f) => Some(f.triggered_ms.saturating_add(ms(self.config.timeout))),
+            None if self.requested => Some(0),
+            None => {
+                let interval = self.last_triggered_ms.saturating_add(ms(self.config.interval));
+                let pause = self
+                    .last_ended_ms
+                    .map_or(0, |end| end.saturating_add(ms(self.config.min_pause)));
+                Some(interval.max(pause))
+            }
+        }
     }
 
     /// Feeds one event and returns the actions it leads to.
@@ -456,6 +481,34 @@ mod tests {
             }]),
         }));
         out
+    }
+
+    #[test]
+    fn the_next_tick_is_due_at_the_interval_the_pause_the_timeout_or_at_once_when_requested() {
+        let mut c = Coordinator::new(cfg(), 1, 1, None, None, 0);
+        assert_eq!(c.next_tick_ms(), Some(100), "one interval after the start");
+        assert!(c.handle(Event::Tick { now_ms: 99 }).is_empty());
+        c.handle(Event::Tick { now_ms: 100 });
+        assert_eq!(c.next_tick_ms(), Some(1100), "the timeout of the checkpoint in flight");
+        ack_all(&mut c, CheckpointId(1));
+        assert_eq!(c.next_tick_ms(), None, "nothing a tick can do while it is persisted");
+        c.handle(Event::Persisted {
+            checkpoint: CheckpointId(1),
+            now_ms: 180,
+        });
+        assert_eq!(
+            c.next_tick_ms(),
+            Some(230),
+            "the pause after the end outlasts the interval"
+        );
+        c.handle(Event::RequestCheckpoint);
+        assert_eq!(c.next_tick_ms(), Some(0), "a requested checkpoint is due at once");
+        assert_eq!(
+            c.handle(Event::Tick { now_ms: 181 }),
+            vec![Action::Trigger {
+                checkpoint: CheckpointId(2)
+            }]
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! - nothing is both committed and aborted;
 //! - after the faults stop, every transaction listed by a completed checkpoint is
 //!   committed, and every pre-committed transaction ends committed or aborted;
-//! - checkpoint ids only grow.
+//! - checkpoint ids only grow;
+//! - a tick does something exactly when the coordinator said one was due
+//!   (`next_tick_ms`, what the driver sleeps until).
 //!
 //! And with several regions, each driven by a coordinator of its own over
 //! its own subtasks (with their pipeline-wide indices) and failing over
@@ -209,6 +211,20 @@ impl World {
         match op {
             Op::Tick(ms) => {
                 self.now += ms as u64;
+                // A driver sleeps until `next_tick_ms`: a tick before it
+                // must do nothing, one at or after it something.
+                let due = self.coordinator.next_tick_ms();
+                let acted = !self
+                    .coordinator
+                    .clone()
+                    .handle(Event::Tick { now_ms: self.now })
+                    .is_empty();
+                assert_eq!(
+                    acted,
+                    due.is_some_and(|d| d <= self.now),
+                    "a tick at {} with the next tick due at {due:?}",
+                    self.now
+                );
                 self.feed(Event::Tick { now_ms: self.now });
             }
             Op::SourceAck { pick, lose } => {

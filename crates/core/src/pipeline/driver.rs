@@ -22,6 +22,10 @@ use crate::store::CheckpointEntry;
 /// [`CheckpointStore::reserve_ids`](crate::CheckpointStore::reserve_ids)).
 const ID_RESERVATION_BLOCK: u64 = 100;
 
+/// The longest the driver sleeps when nothing is due (a safety net: every
+/// deadline it waits for is computed, see [`Driver::next_wake`]).
+const IDLE_WAKE: Duration = Duration::from_millis(250);
+
 /// A checkpoint write in progress. It is never abandoned (landing later, it
 /// could list transactions this attempt rolled back), so one that outlasts the
 /// checkpoint timeout is reported instead, every timeout.
@@ -115,12 +119,10 @@ impl<'p> Driver<'p> {
         mut self,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Option<CheckpointId>, AttemptFailure> {
-        let interval = self.pipeline.config.checkpoint.interval;
-        let mut ticker = tokio::time::interval(Duration::from_millis(10).min(interval));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let wake_at = self.next_wake();
             let wake = tokio::select! {
-                _ = ticker.tick() => Wake::Tick,
+                _ = tokio::time::sleep_until(wake_at) => Wake::Tick,
                 Some(Err(joined)) = self.wired.tasks.join_next() => Wake::Panicked(joined),
                 _ = stop.changed(), if !self.stopping => Wake::Stop,
                 report = self.wired.reports.recv() => {
@@ -142,6 +144,24 @@ impl<'p> Driver<'p> {
                 return Ok(last);
             }
         }
+    }
+
+    /// When the driver looks at the clock next: when the coordinator has a
+    /// tick due (the next trigger, or the timeout of the checkpoint in
+    /// flight; at once after a checkpoint was requested), when a slow
+    /// checkpoint write is to be reported again, and at the latest
+    /// [`IDLE_WAKE`] from now. Reports wake it in between.
+    fn next_wake(&self) -> tokio::time::Instant {
+        let now = Instant::now();
+        let mut at = now + IDLE_WAKE;
+        if let Some(ms) = self.coordinator.next_tick_ms() {
+            at = at.min(self.started + Duration::from_millis(ms));
+        }
+        if let Some(write) = &self.writing {
+            let timeout = self.pipeline.config.checkpoint.timeout;
+            at = at.min(write.last_report.unwrap_or(write.started) + timeout);
+        }
+        tokio::time::Instant::from_std(at)
     }
 
     /// The coordinator events a wake-up brings.
