@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use exactly_core::{ConnectorError, DeadLetter, FencedSink, IdempotentSink, Record, WriteOutcome};
 use tokio_postgres::{Client, Statement};
 
-use crate::copy::CopyError;
 use crate::lock::{lock_subtasks, new_instance, SubtaskLock};
 use crate::schema::{advance_positions_sql, prepare_tables, read_positions_sql, Layout};
 use crate::sink::LOCK_TIMEOUT;
@@ -92,11 +91,15 @@ impl Session {
     /// is an upsert key, else appended with binary COPY.
     async fn write_rows(&self, rows: Rows<'_>) -> Result<(), ConnectorError> {
         let (client, layout) = (self.client()?, self.layout()?);
-        let written = match &self.upsert {
-            Some(statement) => execute_columns(client, statement, rows).await.map_err(CopyError::from),
-            None => copy_in(client, &layout.copy_rows, &layout.row_types, &rows).await,
+        let action = "writing rows";
+        let rows = match &self.upsert {
+            Some(statement) => execute_columns(client, statement, rows)
+                .await
+                .map_err(|e| self.subtask.pg_error(action, &e))?,
+            None => copy_in(client, &layout.copy_rows, &layout.row_types, &rows)
+                .await
+                .map_err(|e| self.subtask.copy_error(action, &e))?,
         };
-        let rows = written.map_err(|e| self.subtask.copy_error("writing rows", &e))?;
         tracing::debug!(rows, "rows written");
         Ok(())
     }
@@ -109,14 +112,16 @@ impl Session {
         let (client, layout) = (self.client()?, self.layout()?);
         // The adapters do not pass the checkpoint id: 0 (see DEAD_LETTER_COLUMNS).
         let rows: Rows<'_> = bad.iter().map(|b| self.subtask.dead_letter_row(b, 0)).collect();
-        let written = if once {
+        let action = "writing dead letters";
+        if once {
             execute_columns(client, layout.insert_dead_letters_once.as_str(), rows)
                 .await
-                .map_err(CopyError::from)
+                .map_err(|e| self.subtask.pg_error(action, &e))?;
         } else {
-            copy_in(client, &layout.copy_dead_letters, &layout.dead_letter_types, &rows).await
-        };
-        written.map_err(|e| self.subtask.copy_error("writing dead letters", &e))?;
+            copy_in(client, &layout.copy_dead_letters, &layout.dead_letter_types, &rows)
+                .await
+                .map_err(|e| self.subtask.copy_error(action, &e))?;
+        }
         Ok(())
     }
 

@@ -127,11 +127,16 @@ async fn a_copy_dropped_before_finish_stores_nothing() {
     }
     copy.send_all().await.expect("send the rest");
     drop(copy);
-    // The connection is usable again once the server has failed the COPY.
-    let count: i64 = client
-        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-        .await
-        .expect("the connection goes on after the failed COPY")
-        .get(0);
+    // The connection is usable again once the server has failed the COPY;
+    // without the client's CopyFail the server would wait for more rows and
+    // the query would never be answered.
+    let count = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.query_one(&format!("SELECT count(*) FROM {table}"), &[]),
+    )
+    .await
+    .expect("the dropped COPY was failed, not left waiting for rows")
+    .expect("the connection goes on after the failed COPY");
+    let count: i64 = count.get(0);
     assert_eq!(count, 0);
 }
