@@ -14,6 +14,14 @@
 # the same broker from there:
 #   java -cp "$EXACTLY_KAFKA_LIBS/*" kafka.tools.StorageTool format --standalone -t <id> -c server.properties
 #   java -cp "$EXACTLY_KAFKA_LIBS/*" kafka.Kafka server.properties
+#
+# The schema registry (Apicurio Registry, whose Confluent-compatible API is
+# at /apis/ccompat/v7) is the runnable distribution
+# io.apicurio:apicurio-registry-app:<version>:tar.gz:all from Maven Central,
+# unpacked into
+#   ${EXACTLY_SCHEMA_REGISTRY_HOME:-${XDG_CACHE_HOME:-~/.cache}/exactly/apicurio-registry-<version>}
+# and started (in-memory storage) with
+#   java -Dquarkus.http.port=8081 -Dquarkus.http.host=127.0.0.1 -jar apicurio-registry-app-<version>-runner.jar
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,7 +101,20 @@ if [ -n "${EXACTLY_KAFKA_LIBS:-}" ] && [ "$need_jars" = 1 ]; then
         exit 1
     fi
 fi
-if [ "$need_jars" = 1 ] && ! command -v mvn >/dev/null 2>&1; then
+# Apicurio Registry 3.0.x runs on Java 17 (3.3.x needs 21+); the version is
+# the one crates/testkit/src/schema_registry/install.rs names.
+apicurio_version=3.0.9
+registry_home=${EXACTLY_SCHEMA_REGISTRY_HOME:-$cache/exactly/apicurio-registry-$apicurio_version}
+registry_jar="$registry_home/apicurio-registry-app-$apicurio_version-runner.jar"
+registry_complete="$registry_home/.exactly-complete"
+need_registry=1
+if [ -f "$registry_jar" ] && { [ -f "$registry_complete" ] || [ -n "${EXACTLY_SCHEMA_REGISTRY_HOME:-}" ]; }; then
+    need_registry=0
+elif [ -n "${EXACTLY_SCHEMA_REGISTRY_HOME:-}" ] && [ -n "$(ls -A "$registry_home" 2>/dev/null)" ]; then
+    log "EXACTLY_SCHEMA_REGISTRY_HOME=$registry_home holds no apicurio-registry-app-$apicurio_version-runner.jar but is not empty: point it at an unpacked distribution, at an empty folder, or unset it"
+    exit 1
+fi
+if { [ "$need_jars" = 1 ] || [ "$need_registry" = 1 ]; } && ! command -v mvn >/dev/null 2>&1; then
     packages+=(maven)
 fi
 
@@ -119,5 +140,24 @@ else
     log "Apache Kafka $kafka_version jars present, skipping"
 fi
 log "Kafka broker jars: $libs (override with EXACTLY_KAFKA_LIBS)"
+
+if [ "$need_registry" = 1 ]; then
+    log "fetching Apicurio Registry $apicurio_version (io.apicurio:apicurio-registry-app:$apicurio_version:tar.gz:all, 104 MB) with Maven and unpacking it into $registry_home"
+    staging="$registry_home.partial"
+    rm -rf "$staging"
+    mkdir -p "$staging/download"
+    mvn -B -q -Dstyle.color=never dependency:copy \
+        -Dartifact="io.apicurio:apicurio-registry-app:$apicurio_version:tar.gz:all" \
+        -DoutputDirectory="$staging/download"
+    tar -xzf "$staging/download/apicurio-registry-app-$apicurio_version-all.tar.gz" -C "$staging"
+    rm -rf "$staging/download"
+    [ -f "$staging/apicurio-registry-app-$apicurio_version-runner.jar" ] || { log "the distribution holds no apicurio-registry-app-$apicurio_version-runner.jar"; exit 1; }
+    rm -rf "$registry_home"
+    mv "$staging" "$registry_home"
+    touch "$registry_complete"
+else
+    log "Apicurio Registry $apicurio_version present, skipping"
+fi
+log "schema registry: $registry_jar (override with EXACTLY_SCHEMA_REGISTRY_HOME)"
 
 log "done"

@@ -5,22 +5,25 @@
 //! (`{ env = "NAME" }`, `{ file = "/run/secrets/name" }`; see [`secrets`]).
 
 pub mod secrets;
+pub mod transforms;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use exactly_core::{
-    CheckpointConfig, Failover, FsCheckpointStore, Guarantee, Pipeline, PipelineConfig, RestartStrategy,
-    SequenceSourceFactory, SinkFactory, SourceFactory,
+    CheckpointConfig, CheckpointStore, Failover, FsCheckpointStore, Guarantee, Pipeline, PipelineConfig,
+    RestartStrategy, SequenceSourceFactory, SinkFactory, SourceFactory,
 };
 use exactly_file::{FileFormat, FileSinkFactory};
 use serde::Deserialize;
 
+use crate::plugins::{Connectors, PluginContext};
+
 /// The `[source.kafka]` and `[sink.postgres]` sections of the orders pipeline
 /// the README documents: a bounded read of `topic` from the beginning into
 /// `table` (created when absent) with the partition, offset, `/id` and the
-/// JSON value as columns. Used by `exactly demo` and the end-to-end tests.
+/// JSON value as columns. Used by the demo (`demo/`) and the end-to-end tests.
 pub fn orders_sections(bootstrap: &str, topic: &str, url: &str, table: &str) -> String {
     format!(
         r#"[source.kafka]
@@ -55,18 +58,26 @@ pub struct Built {
     pub kafka_sink: Option<Arc<exactly_kafka::KafkaSinkFactory>>,
 }
 
+impl std::fmt::Debug for Built {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Built")
+            .field("pipeline", &self.pipeline)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A duration written like `"1s"`, `"250ms"`, `"2m"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
 
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map(HumanDuration).map_err(|e| {
-            serde::de::Error::custom(format!("`{s}` is not a duration ({e}); write e.g. \"1s\" or \"250ms\""))
-        })
+        exactly_core::duration::deserialize(d).map(HumanDuration)
     }
 }
+
+/// How often a standby tries to take the pipeline's lock.
+pub const STANDBY_POLL: Duration = Duration::from_millis(250);
 
 /// The whole file.
 #[derive(Clone, Debug, Deserialize)]
@@ -96,9 +107,21 @@ pub struct PipelineFile {
     pub source: SourceSection,
     /// `[sink.<kind>]`.
     pub sink: SinkSection,
+    /// `[[transform]]`: single-message transforms between source and sink,
+    /// in order (see [`transforms`]).
+    #[serde(default)]
+    pub transform: Vec<transforms::TransformSection>,
     /// `[metrics]`: the Prometheus and health endpoint.
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// The connectors beyond the built-in ones this file was read with
+    /// (see [`PipelineFile::load_with`]).
+    #[serde(skip)]
+    pub connectors: Connectors,
+    /// The folder of the file, for connectors of one's own
+    /// ([`PluginContext::base_dir`]).
+    #[serde(skip)]
+    base_dir: Option<PathBuf>,
 }
 
 /// `[metrics]`: where `/metrics`, `/health/live` and `/health/ready` are
@@ -154,8 +177,13 @@ fn default_retain() -> usize {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSection {
-    /// Root folder of the checkpoint store.
+    /// Root folder of the checkpoint store (the folder store; not used
+    /// with `store = { postgres = … }`).
+    #[serde(default)]
     pub dir: PathBuf,
+    /// Where the checkpoints live when not in `dir`: `{ postgres = "postgres://…" }`
+    /// (the URL may be a secret: `{ postgres = { env = "NAME" } }`).
+    pub store: Option<StoreSection>,
     /// Time between checkpoints (default 1s).
     pub interval: Option<HumanDuration>,
     /// Minimum pause between checkpoints (default 0s).
@@ -181,6 +209,31 @@ pub struct CheckpointSection {
     /// be read and the sinks do not prove the replay harmless.
     #[serde(default)]
     pub allow_fallback: bool,
+    /// Wait as a hot standby while another process runs the pipeline (its
+    /// lock is held), taking over as soon as it stops (`--standby`); the
+    /// default refuses at once.
+    #[serde(default)]
+    pub standby: bool,
+}
+
+/// `[checkpoint] store`: a checkpoint store other than the folder store.
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum StoreSection {
+    /// A PostgreSQL database every machine running the pipeline reaches
+    /// (`exactly_store_postgres`); libpq's TLS settings in the URL.
+    Postgres(String),
+}
+
+impl std::fmt::Debug for StoreSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreSection::Postgres(url) => f
+                .debug_tuple("Postgres")
+                .field(&crate::ops::redact::redact(url))
+                .finish(),
+        }
+    }
 }
 
 /// `[restart]`.
@@ -204,13 +257,16 @@ pub struct RestartSection {
 }
 
 /// `[source.<kind>]`: exactly one kind.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+// One per pipeline file, read once: the Kafka variant's size costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
 pub enum SourceSection {
     /// Deterministic generated records (tests, demos).
     Sequence(SequenceSection),
     /// A Kafka topic.
     Kafka(exactly_kafka::KafkaSourceConfig),
+    /// A kind registered by the binary (see [`crate::plugins`]).
+    Plugin(PluginSection),
 }
 
 /// `[source.sequence]`.
@@ -228,8 +284,7 @@ pub struct SequenceSection {
 }
 
 /// `[sink.<kind>]`: exactly one kind.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub enum SinkSection {
     /// Two-phase-commit files.
     File(FileSection),
@@ -239,6 +294,106 @@ pub enum SinkSection {
     Postgres(exactly_postgres::PostgresSinkConfig),
     /// A Kafka topic, written in transactions.
     Kafka(exactly_kafka::KafkaSinkConfig),
+    /// A kind registered by the binary (see [`crate::plugins`]).
+    Plugin(PluginSection),
+}
+
+/// `[source.<kind>]` / `[sink.<kind>]` of a kind that is not built in: its
+/// kind and its keys, read by the kind's registered config type when the
+/// file is checked.
+#[derive(Clone)]
+pub struct PluginSection {
+    /// The kind the section names.
+    pub kind: String,
+    /// The section's keys (secrets resolved).
+    pub section: toml::Value,
+}
+
+/// A `[source]` or `[sink]` table that names no kind.
+fn no_kind(what: &str) -> String {
+    format!("names no kind: write one section such as [{what}.kafka]")
+}
+
+/// A `[source]` or `[sink]` table that names two kinds.
+fn two_kinds(what: &str, first: &str, second: &str) -> String {
+    format!("names two kinds, `{first}` and `{second}`: a pipeline has one {what}; keep one [{what}.<kind>] section")
+}
+
+/// `[source.<kind>]`: a built-in kind's section is read straight from the
+/// file (toml's errors point at the very key); any other kind's is kept for
+/// its registered config type ([`PluginSection`]).
+impl<'de> Deserialize<'de> for SourceSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Kinds;
+        impl<'de> serde::de::Visitor<'de> for Kinds {
+            type Value = SourceSection;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("one [source.<kind>] section")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<SourceSection, A::Error> {
+                use serde::de::Error;
+                let kind: String = map.next_key()?.ok_or_else(|| A::Error::custom(no_kind("source")))?;
+                let section = match kind.as_str() {
+                    "sequence" => SourceSection::Sequence(map.next_value()?),
+                    "kafka" => SourceSection::Kafka(map.next_value()?),
+                    _ => SourceSection::Plugin(PluginSection {
+                        section: map.next_value()?,
+                        kind: kind.clone(),
+                    }),
+                };
+                match map.next_key::<String>()? {
+                    Some(other) => Err(A::Error::custom(two_kinds("source", &kind, &other))),
+                    None => Ok(section),
+                }
+            }
+        }
+        d.deserialize_map(Kinds)
+    }
+}
+
+/// `[sink.<kind>]`, read like [`SourceSection`].
+impl<'de> Deserialize<'de> for SinkSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Kinds;
+        impl<'de> serde::de::Visitor<'de> for Kinds {
+            type Value = SinkSection;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("one [sink.<kind>] section")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<SinkSection, A::Error> {
+                use serde::de::Error;
+                let kind: String = map.next_key()?.ok_or_else(|| A::Error::custom(no_kind("sink")))?;
+                let section = match kind.as_str() {
+                    "file" => SinkSection::File(map.next_value()?),
+                    "redis" => SinkSection::Redis(map.next_value()?),
+                    "postgres" => SinkSection::Postgres(map.next_value()?),
+                    "kafka" => SinkSection::Kafka(map.next_value()?),
+                    _ => SinkSection::Plugin(PluginSection {
+                        section: map.next_value()?,
+                        kind: kind.clone(),
+                    }),
+                };
+                match map.next_key::<String>()? {
+                    Some(other) => Err(A::Error::custom(two_kinds("sink", &kind, &other))),
+                    None => Ok(section),
+                }
+            }
+        }
+        d.deserialize_map(Kinds)
+    }
+}
+
+/// Its keys may hold secrets: only the kind is shown.
+impl std::fmt::Debug for PluginSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginSection")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `[sink.file]`.
@@ -264,12 +419,12 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The TOML is malformed or a key is unknown or mistyped.
-    #[error("{path}: {message}")]
+    #[error("{path}: {source}")]
     Parse {
         /// The file.
         path: String,
-        /// toml's message, which names the key and line.
-        message: String,
+        /// toml's error, which names the key and line.
+        source: toml::de::Error,
     },
     /// A value is out of range.
     #[error("{path}: `{key}` {problem}")]
@@ -287,38 +442,52 @@ impl PipelineFile {
     /// Reads and checks a pipeline file. Relative folders are resolved against the
     /// file's folder.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with(path, &Connectors::default())
+    }
+
+    /// [`load`](Self::load) for a binary with connectors of its own: the
+    /// file may name their kinds, and their sections are checked by their
+    /// config types.
+    pub fn load_with(path: &Path, connectors: &Connectors) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let mut file = Self::parse_in(&text, &path.display().to_string(), Some(base))?;
+        let mut file = Self::parse_in(&text, &path.display().to_string(), Some(base), connectors)?;
         file.resolve_relative(base);
+        file.base_dir = Some(base.to_path_buf());
         Ok(file)
     }
 
     /// Parses and checks TOML text; `origin` names it in errors. Relative
     /// `{ file = … }` paths are relative to the current folder.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        Self::parse_in(text, origin, None)
+        Self::parse_with(text, origin, &Connectors::default())
+    }
+
+    /// [`parse`](Self::parse) for a binary with connectors of its own.
+    pub fn parse_with(text: &str, origin: &str, connectors: &Connectors) -> Result<Self, ConfigError> {
+        Self::parse_in(text, origin, None, connectors)
     }
 
     /// [`parse`](Self::parse), resolving `{ env = … }` / `{ file = … }`
     /// values (relative files against `base`).
-    fn parse_in(text: &str, origin: &str, base: Option<&Path>) -> Result<Self, ConfigError> {
-        let parse_error = |e: toml::de::Error| ConfigError::Parse {
+    fn parse_in(text: &str, origin: &str, base: Option<&Path>, connectors: &Connectors) -> Result<Self, ConfigError> {
+        let parse_error = |source: toml::de::Error| ConfigError::Parse {
             path: origin.to_string(),
-            message: e.to_string(),
+            source,
         };
         let mut value: toml::Value = toml::from_str(text).map_err(parse_error)?;
         // Without references the file is read straight from its text, so
         // errors keep their line numbers.
-        let file: PipelineFile = if secrets::has_references(&value) {
+        let mut file: PipelineFile = if secrets::has_references(&value) {
             secrets::resolve(&mut value, origin, base)?;
             value.try_into().map_err(parse_error)?
         } else {
             toml::from_str(text).map_err(parse_error)?
         };
+        file.connectors = connectors.clone();
         file.check(origin)?;
         Ok(file)
     }
@@ -337,7 +506,8 @@ impl PipelineFile {
                     fix(d)
                 }
             }
-            SinkSection::Postgres(_) | SinkSection::Kafka(_) => {}
+            // Their builders resolve their paths (PluginContext::resolve).
+            SinkSection::Postgres(_) | SinkSection::Kafka(_) | SinkSection::Plugin(_) => {}
         }
     }
 
@@ -363,6 +533,21 @@ impl PipelineFile {
         }
         if self.checkpoint.retain == 0 {
             return invalid("checkpoint.retain", "must be at least 1");
+        }
+        match &self.checkpoint.store {
+            None if self.checkpoint.dir.as_os_str().is_empty() => {
+                return invalid(
+                    "checkpoint.dir",
+                    "is missing: name the folder of the checkpoints, or set checkpoint.store = { postgres = \"…\" }",
+                )
+            }
+            None => {}
+            Some(StoreSection::Postgres(url)) => {
+                if let Err(e) = exactly_store_postgres::PgCheckpointStore::new(url, &self.name, self.checkpoint.retain)
+                {
+                    return invalid("checkpoint.store.postgres", &crate::ops::redact::redact(&e.to_string()));
+                }
+            }
         }
         if let Some(s) = &self.restart.strategy {
             if !["exponential", "fixed", "none"].contains(&s.as_str()) {
@@ -393,19 +578,26 @@ impl PipelineFile {
                 }
             }
             SourceSection::Sequence(_) => {}
+            SourceSection::Plugin(p) => {
+                if let Err(problem) = self.connectors.check_source(&p.kind, p.section.clone()) {
+                    // serde quotes values it refuses: passwords in URLs too.
+                    return invalid(&format!("source.{}", p.kind), &crate::ops::redact::redact(&problem));
+                }
+            }
         }
+        transforms::check(&self.transform, &self.sink, origin)?;
         match &self.sink {
             SinkSection::Postgres(p) => p.validate().map_err(|e| ConfigError::Invalid {
                 path: origin.to_string(),
                 key: "sink.postgres".into(),
-                problem: e.to_string(),
+                problem: exactly_core::ErrorChain(&e).to_string(),
             }),
             SinkSection::Redis(r) => exactly_redis::RedisSinkFactory::new(r.clone())
                 .map(|_| ())
                 .map_err(|e| ConfigError::Invalid {
                     path: origin.to_string(),
                     key: "sink.redis".into(),
-                    problem: e.to_string(),
+                    problem: exactly_core::ErrorChain(&e).to_string(),
                 }),
             SinkSection::Kafka(k) => k.validate().map_err(|e| ConfigError::Invalid {
                 path: origin.to_string(),
@@ -413,6 +605,10 @@ impl PipelineFile {
                 problem: e.problem,
             }),
             SinkSection::File(_) => Ok(()),
+            SinkSection::Plugin(p) => self
+                .connectors
+                .check_sink(&p.kind, p.section.clone())
+                .or_else(|problem| invalid(&format!("sink.{}", p.kind), &crate::ops::redact::redact(&problem))),
         }
     }
 
@@ -429,6 +625,7 @@ impl PipelineFile {
         config.allow_parallelism_change = c.allow_parallelism_change;
         config.allow_first_start = c.allow_first_start;
         config.allow_fallback = c.allow_fallback;
+        config.standby = c.standby.then_some(STANDBY_POLL);
         config.checkpoint = CheckpointConfig {
             interval: c.interval.map_or(defaults.interval, |d| d.0),
             min_pause: c.min_pause.map_or(defaults.min_pause, |d| d.0),
@@ -458,10 +655,24 @@ impl PipelineFile {
         }
     }
 
-    /// The checkpoint store of this pipeline (its folder is named after the
-    /// pipeline, see [`FsCheckpointStore::for_pipeline`]).
+    /// The folder store of this pipeline (its folder is named after the
+    /// pipeline, see [`FsCheckpointStore::for_pipeline`]), whether or not
+    /// `[checkpoint] store` names another one.
     pub fn store(&self) -> FsCheckpointStore {
         FsCheckpointStore::new(&self.checkpoint.dir, &self.name, self.checkpoint.retain)
+    }
+
+    /// The checkpoint store the pipeline runs on: `[checkpoint] store`, or
+    /// the folder store under `dir`. Connects to nothing yet.
+    pub fn checkpoint_store(&self) -> Result<Arc<dyn CheckpointStore>, exactly_store_postgres::ConfigError> {
+        Ok(match &self.checkpoint.store {
+            None => Arc::new(self.store()),
+            Some(StoreSection::Postgres(url)) => Arc::new(exactly_store_postgres::PgCheckpointStore::new(
+                url,
+                &self.name,
+                self.checkpoint.retain,
+            )?),
+        })
     }
 
     /// Builds the pipeline.
@@ -483,14 +694,24 @@ impl PipelineFile {
             SourceSection::Kafka(k) => {
                 let factory = Arc::new(
                     exactly_kafka::KafkaSourceFactory::new(&self.name, k.clone())
-                        .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
+                        .map_err(exactly_core::PipelineError::connector_config)?,
                 );
                 kafka_source = Some(factory.clone());
                 factory
             }
+            SourceSection::Plugin(p) => self
+                .connectors
+                .build_source(&p.kind, p.section.clone(), &self.plugin_context())
+                .map_err(exactly_core::PipelineError::connector_config)?,
         };
         let (sink, kafka_sink) = self.sink_factory()?;
-        let pipeline = Pipeline::new(self.pipeline_config(), source, sink.clone(), Arc::new(self.store()))?;
+        let store = self
+            .checkpoint_store()
+            .map_err(exactly_core::PipelineError::connector_config)?;
+        let transforms = transforms::build(&self.transform, "the pipeline file")
+            .map_err(exactly_core::PipelineError::connector_config)?;
+        let pipeline =
+            Pipeline::new(self.pipeline_config(), source, sink.clone(), store)?.with_transforms(transforms)?;
         Ok(Built {
             pipeline,
             sink,
@@ -512,30 +733,39 @@ impl PipelineFile {
                 format: f.format,
             }),
             SinkSection::Redis(r) => exactly_redis::RedisSinkFactory::new(r.clone())
-                .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?
+                .map_err(exactly_core::PipelineError::connector_config)?
                 .into_sink_factory(),
             SinkSection::Postgres(p) => Arc::new(
                 exactly_postgres::PostgresSinkFactory::new(p.clone())
-                    .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?,
+                    .map_err(exactly_core::PipelineError::connector_config)?,
             ),
             SinkSection::Kafka(k) => {
                 let factory = Arc::new(
                     exactly_kafka::KafkaSinkFactory::new(&self.name, k.clone())
-                        .map_err(|e| exactly_core::PipelineError::Config(e.to_string()))?
+                        .map_err(exactly_core::PipelineError::connector_config)?
                         .with_checkpoint_interval(self.pipeline_config().checkpoint.interval),
                 );
                 kafka_sink = Some(factory.clone());
                 factory
             }
+            SinkSection::Plugin(p) => self
+                .connectors
+                .build_sink(&p.kind, p.section.clone(), &self.plugin_context())
+                .map_err(exactly_core::PipelineError::connector_config)?,
         };
         Ok((sink, kafka_sink))
+    }
+
+    /// What a registered builder gets besides its section.
+    fn plugin_context(&self) -> PluginContext {
+        PluginContext::new(&self.name, self.base_dir.as_deref())
     }
 }
 
 #[cfg(test)]
 impl PipelineFile {
     fn load_text_for_test(text: &str, base: &Path) -> Result<Self, String> {
-        Self::parse_in(text, "p.toml", Some(base)).map_err(|e| e.to_string())
+        Self::parse_in(text, "p.toml", Some(base), &Connectors::default()).map_err(|e| e.to_string())
     }
 }
 
@@ -555,6 +785,76 @@ records_per_split = 10
 [sink.file]
 dir = "out"
 "#;
+
+    #[test]
+    fn columns_keep_the_files_order_also_when_the_file_holds_references() {
+        // SAFETY: no other test reads or writes this variable.
+        unsafe { std::env::set_var("EXACTLY_CONFIG_TEST_ORDER_URL", "postgres://app:pg-secret@db/app") };
+        let sink = |url: &str| {
+            format!(
+                "[sink.postgres]\nurl = {url}\ntable = \"t\"\n[sink.postgres.columns]\n\
+                 zeta = {{ from = \"/z\", type = \"text\" }}\nalpha = {{ from = \"/a\", type = \"bigint\" }}\n\
+                 mid = {{ from = \"offset\", type = \"bigint\" }}\n"
+            )
+        };
+        for url in [
+            "\"postgres://app@db/app\"",
+            "{ env = \"EXACTLY_CONFIG_TEST_ORDER_URL\" }",
+        ] {
+            let text = GOOD.replace("[sink.file]\ndir = \"out\"\n", &sink(url));
+            let file = PipelineFile::parse(&text, "p.toml").unwrap();
+            let SinkSection::Postgres(pg) = &file.sink else {
+                panic!("a postgres sink")
+            };
+            let names: Vec<&str> = pg.columns.0.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, ["zeta", "alpha", "mid"], "url = {url}");
+        }
+    }
+
+    #[test]
+    fn the_checkpoint_store_is_a_folder_or_a_postgres_database_whose_url_may_be_a_secret() {
+        let folder = PipelineFile::parse(GOOD, "p.toml").unwrap();
+        assert!(folder.checkpoint.store.is_none());
+        assert!(folder.checkpoint_store().unwrap().location().ends_with("ck/p"));
+        // SAFETY: no other test reads or writes this variable.
+        unsafe {
+            std::env::set_var(
+                "EXACTLY_CONFIG_TEST_STORE_URL",
+                "postgres://app:store-secret@db:5433/ck",
+            )
+        };
+        let text = GOOD.replace(
+            "dir = \"ck\"",
+            "store = { postgres = { env = \"EXACTLY_CONFIG_TEST_STORE_URL\" } }",
+        );
+        let pg = PipelineFile::parse(&text, "p.toml").unwrap();
+        assert!(matches!(&pg.checkpoint.store, Some(StoreSection::Postgres(url)) if url.contains("store-secret")));
+        let debug = format!("{pg:?}");
+        assert!(!debug.contains("store-secret"), "{debug}");
+        let location = pg.checkpoint_store().unwrap().location();
+        assert!(location.starts_with("postgres://app@db:5433/ck"), "{location}");
+        let e = PipelineFile::parse(&GOOD.replace("dir = \"ck\"\n", ""), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("checkpoint.dir") && e.contains("checkpoint.store"), "{e}");
+        let e = PipelineFile::parse(
+            &GOOD.replace(
+                "dir = \"ck\"",
+                "store = { postgres = \"postgres://db/x?sslmode=maybe\" }",
+            ),
+            "p.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("checkpoint.store.postgres") && e.contains("sslmode=maybe"),
+            "{e}"
+        );
+        let e = PipelineFile::parse(&GOOD.replace("dir = \"ck\"", "store = { redis = \"x\" }"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redis"), "{e}");
+    }
 
     #[test]
     fn a_good_file_parses() {
@@ -663,12 +963,13 @@ id = { from = "/id", type = "bigint" }
             "{debug}"
         );
 
-        let e = PipelineFile::parse(
+        // Against the pipeline file's folder, so that the file reference
+        // resolves and the unset variable is the one error.
+        let e = PipelineFile::load_text_for_test(
             &text.replace("EXACTLY_CONFIG_TEST_PG_URL", "EXACTLY_CONFIG_TEST_UNSET"),
-            "p.toml",
+            dir.path(),
         )
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
         assert!(
             e.contains("sink.postgres.url") && e.contains("EXACTLY_CONFIG_TEST_UNSET"),
             "{e}"
@@ -676,6 +977,55 @@ id = { from = "/id", type = "bigint" }
         // Unknown keys are still named when the file has references.
         let e = PipelineFile::load_text_for_test(&text.replace("table =", "tabel ="), dir.path()).unwrap_err();
         assert!(e.contains("tabel"), "{e}");
+    }
+
+    #[test]
+    fn transforms_are_checked_against_the_sink_and_join_the_fingerprint() {
+        let route = "[[transform]]\ntype = \"route\"\nfield = \"/region\"\n";
+        let e = PipelineFile::parse(&format!("{GOOD}{route}"), "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("transform[0].type") && e.contains("table = \"${topic}\""),
+            "{e}"
+        );
+        let e = PipelineFile::parse(
+            &format!("{GOOD}[[transform]]\ntype = \"drop\"\nfeld = \"/a\"\n"),
+            "p.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("feld"), "{e}");
+        let e = PipelineFile::parse(
+            &format!("{GOOD}[[transform]]\ntype = \"drop\"\nfield = \"/a\"\non_error = \"ignore\"\n"),
+            "p.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("ignore") && e.contains("dead-letter"), "{e}");
+        let plain = PipelineFile::parse(GOOD, "p.toml").unwrap().build().unwrap();
+        let text = format!(
+            "{GOOD}[[transform]]\ntype = \"drop-if\"\nfield = \"/status\"\nequals = \"test\"\non_error = \"dead-letter\"\n"
+        );
+        let transformed = PipelineFile::parse(&text, "p.toml").unwrap().build().unwrap();
+        assert!(plain.descriptor().transforms.is_empty());
+        assert_eq!(
+            transformed.descriptor().transforms,
+            ["filter:transform[0] drop if /status = \"test\",on_error=dead-letter"]
+        );
+    }
+
+    /// The README's example of `[[transform]]` parses and builds.
+    #[test]
+    fn the_readme_transforms_example_parses() {
+        let readme = include_str!("../README.md");
+        let section = &readme[readme.find("#### Transforms").expect("the section")..];
+        let start = section.find("```toml\n").expect("an example") + "```toml\n".len();
+        let example = &section[start..start + section[start..].find("```").unwrap()];
+        let file = PipelineFile::parse(example, "README.md").unwrap();
+        assert_eq!(file.transform.len(), 6);
+        let pipeline = file.build().unwrap();
+        assert_eq!(pipeline.descriptor().transforms.len(), 6);
     }
 
     #[test]

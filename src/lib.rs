@@ -4,8 +4,10 @@
 //! ([`core`]) and the connectors, and holds the pipeline-file format used by the
 //! `exactly` command.
 
+pub mod cli;
 pub mod config;
 pub mod ops;
+pub mod plugins;
 
 pub use exactly_core as core;
 pub use exactly_file as file;

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use common::orders::*;
 use common::*;
-use exactly::core::{CheckpointEntry, CheckpointStore, EntryName, FsCheckpointStore};
+use exactly::core::{CheckpointEntry, EntryName, FsCheckpointStore};
 use exactly_testkit::{KafkaBroker, PostgresServer};
 
 /// A feed of at least 5 s (50 orders every 25 ms).

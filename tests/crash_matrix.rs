@@ -40,7 +40,16 @@ fn kit() -> CrashMatrix {
     CrashMatrix::new(
         expected_values(),
         |case: &Case| {
-            let config = write_file_config(&case.dir, case.guarantee.as_str(), 2);
+            // A file per checkpoint folder: the kit's second process of the
+            // pipeline has one of its own (and the same output folder).
+            let written = write_file_config(&case.dir, case.guarantee.as_str(), 2);
+            let text = std::fs::read_to_string(&written).unwrap().replace(
+                "dir = \"checkpoints\"",
+                &format!("dir = \"{}\"", case.checkpoints.display()),
+            );
+            let folder = case.checkpoints.file_name().unwrap().to_string_lossy();
+            let config = case.dir.join(format!("pipeline-{folder}.toml"));
+            std::fs::write(&config, text).unwrap();
             let mut run = Command::new(env!("CARGO_BIN_EXE_exactly"));
             run.arg("run").arg(config).env("RUST_LOG", "info");
             run
@@ -88,6 +97,14 @@ fn finish(dir: &Path, config: &Path) -> Outcome {
         "pending files left after a clean finish"
     );
     outcome_of(&exactly::file::read_committed_lines(&out).unwrap())
+}
+
+/// A second process of the pipeline with another checkpoint folder, while
+/// the first holds its first commit: the file sink's folder lock refuses
+/// it, and the output stays exact.
+#[test]
+fn exactly_once_with_a_second_process_of_the_pipeline() {
+    assert_exactly_once("second_process_other_checkpoint_folder");
 }
 
 #[test]

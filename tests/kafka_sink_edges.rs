@@ -196,7 +196,7 @@ impl Copy {
         });
         let mut consumed: Vec<String> = consumed
             .into_iter()
-            .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
+            .map(|r| String::from_utf8(r.value.expect("a value").to_vec()).unwrap())
             .collect();
         let mut committed: Vec<String> = read
             .records
@@ -235,7 +235,8 @@ impl Copy {
             .map(|folder| {
                 let region = folder.file_name().unwrap().to_string_lossy().into_owned();
                 let sequence = exactly::core::FsCheckpointStore::new(store.dir(), &region, 3);
-                exactly::core::CheckpointStore::latest(&sequence)
+                sequence
+                    .latest()
                     .expect("reading the checkpoints")
                     .unwrap_or_else(|| panic!("no checkpoint in {}", folder.display()))
             })
@@ -303,15 +304,15 @@ fn stop_after(mut run: Background, bootstrap: &str, output: &str, at_least: usiz
             let (status, _, log) = wait(run, Duration::from_secs(1));
             panic!("the pipeline ended on its own ({status}) before {at_least} records were in {output}:\n{log}");
         }
-        let read = runtime().block_on(async {
-            WireClient::new(bootstrap)
-                .unwrap()
-                .read_topic(output)
-                .await
-                .expect("reading the output")
-        });
-        if read.records.len() >= at_least {
-            break;
+        let read = runtime().block_on(async { WireClient::new(bootstrap).unwrap().read_topic(output).await });
+        // A fresh output topic may answer NOT_LEADER_OR_FOLLOWER (or the
+        // like) until its leader is known: what Kafka calls retriable is
+        // read again.
+        match read {
+            Ok(read) if read.records.len() >= at_least => break,
+            Ok(_) => {}
+            Err(e) if e.is_retriable() => eprintln!("reading {output} again after a retriable error: {e}"),
+            Err(e) => panic!("reading the output {output}: {e}"),
         }
         assert!(
             std::time::Instant::now() < deadline,

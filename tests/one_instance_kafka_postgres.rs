@@ -62,7 +62,9 @@ impl World {
 /// Starts the feed and the first run, and waits until it has committed
 /// rows (it is running, and the topic is still being fed).
 fn first_run(w: &World, config: &Path) -> (Feed, Background) {
-    let feed = Feed::start(&w.bootstrap, &w.topic, ORDERS);
+    // Held at half way until finish_first_run: the second run always
+    // comes while the topic is still being fed.
+    let feed = Feed::start_held(&w.bootstrap, &w.topic, ORDERS);
     let mut first = spawn(config);
     let committed = wait_for_orders(w.url(), &w.table, &mut first, 1, Duration::from_secs(120));
     if committed.is_none() {

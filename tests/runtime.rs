@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use exactly::core::membership::Epoch;
+use exactly::core::store::{AccessError, Cas, Head, Layout, Listed, Marks, Removal, StoreLock};
 use exactly::core::{
-    CheckpointConfig, CheckpointEntry, CheckpointId, CheckpointStore, ConnectorError, EntryName, ErasedSink, Failover,
-    FsCheckpointStore, Pipeline, PipelineConfig, PipelineError, Record, RestartStrategy, SequenceSourceFactory,
-    SinkContext, SinkFactory, StoreError,
+    CheckpointConfig, CheckpointId, CheckpointStore, ConnectorError, EntryName, ErasedSink, Failover,
+    FsCheckpointStore, Pipeline, PipelineConfig, PipelineError, Record, RestartStrategy, Scope, SequenceSourceFactory,
+    SequenceStore, SinkContext, SinkFactory, StoreError,
 };
 use exactly::file::{read_committed_lines, FileSinkFactory};
 
@@ -264,7 +266,9 @@ async fn shutdown_takes_a_last_checkpoint_and_commits_it() {
 }
 
 /// A checkpoint store whose write of checkpoint `slow_id` takes `delay`,
-/// and whose clean-up of old entries fails when `fail_prune` is set.
+/// and whose deletion of old entries fails when `fail_prune` is set: an
+/// adapter around the real folder store, every sequence the same.
+#[derive(Clone)]
 struct SlowStore {
     inner: Arc<dyn CheckpointStore>,
     slow_id: CheckpointId,
@@ -272,75 +276,82 @@ struct SlowStore {
     fail_prune: bool,
 }
 
+/// One sequence of a [`SlowStore`].
+struct SlowSequence {
+    inner: Arc<dyn SequenceStore>,
+    store: SlowStore,
+}
+
+#[async_trait]
 impl CheckpointStore for SlowStore {
-    fn save(&self, entry: &CheckpointEntry) -> Result<(), StoreError> {
-        if entry.checkpoint.id == self.slow_id {
-            std::thread::sleep(self.delay);
-        }
-        self.inner.save(entry)
-    }
-    fn latest(&self) -> Result<Option<CheckpointEntry>, StoreError> {
-        self.inner.latest()
-    }
-    fn list(&self) -> Result<Vec<EntryName>, StoreError> {
-        self.inner.list()
-    }
-    fn quarantined(&self) -> Result<Vec<EntryName>, StoreError> {
-        self.inner.quarantined()
-    }
-    fn read(&self, name: &str) -> Result<CheckpointEntry, String> {
-        self.inner.read(name)
-    }
     fn location(&self) -> String {
         self.inner.location()
     }
-    fn id_watermark(&self) -> Result<Option<CheckpointId>, StoreError> {
-        self.inner.id_watermark()
+    fn retain(&self) -> usize {
+        self.inner.retain()
     }
-    fn reserve_ids(&self, upto: CheckpointId) -> Result<(), StoreError> {
-        self.inner.reserve_ids(upto)
-    }
-    fn committed_through(&self) -> Result<Option<CheckpointId>, StoreError> {
-        self.inner.committed_through()
-    }
-    fn record_committed(&self, id: CheckpointId) -> Result<(), StoreError> {
-        self.inner.record_committed(id)
-    }
-    fn lock_exclusive(&self) -> Result<exactly::core::store::StoreLock, StoreError> {
-        self.inner.lock_exclusive()
-    }
-    /// A region's store is slow in the same way.
-    fn region(&self, region: usize) -> Arc<dyn CheckpointStore> {
-        Arc::new(SlowStore {
-            inner: self.inner.region(region),
-            slow_id: self.slow_id,
-            delay: self.delay,
-            fail_prune: self.fail_prune,
+    fn sequence(&self, scope: Scope) -> Arc<dyn SequenceStore> {
+        Arc::new(SlowSequence {
+            inner: self.inner.sequence(scope),
+            store: self.clone(),
         })
     }
-    fn regions(&self) -> Result<Vec<usize>, StoreError> {
-        self.inner.regions()
+    async fn regions(&self) -> Result<Vec<usize>, AccessError> {
+        self.inner.regions().await
     }
-    fn layout(&self) -> Result<Option<exactly::core::store::Layout>, StoreError> {
-        self.inner.layout()
+    async fn layout(&self) -> Result<Option<Layout>, AccessError> {
+        self.inner.layout().await
     }
-    fn record_layout(&self, layout: &exactly::core::store::Layout) -> Result<(), StoreError> {
-        self.inner.record_layout(layout)
+    async fn record_layout(
+        &self,
+        expected: Option<Layout>,
+        layout: Layout,
+    ) -> Result<Cas<(), Option<Layout>>, AccessError> {
+        self.inner.record_layout(expected, layout).await
     }
-    fn retire(&self, region: Option<usize>) -> Result<(), StoreError> {
-        self.inner.retire(region)
+    async fn retire(&self, scope: Scope) -> Result<(), AccessError> {
+        self.inner.retire(scope).await
     }
-    fn prune(&self) -> Result<(), StoreError> {
-        if self.fail_prune {
-            return Err(StoreError::Io {
-                path: self.inner.location(),
-                source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
-            });
+    async fn lock(&self) -> Result<StoreLock, StoreError> {
+        self.inner.lock().await
+    }
+}
+
+#[async_trait]
+impl SequenceStore for SlowSequence {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    async fn head(&self) -> Result<Head, AccessError> {
+        self.inner.head().await
+    }
+    async fn fence(&self, expected: Epoch, owner: &str) -> Result<Cas<Head>, AccessError> {
+        self.inner.fence(expected, owner).await
+    }
+    async fn advance(&self, epoch: Epoch, marks: Marks) -> Result<Cas<Head>, AccessError> {
+        self.inner.advance(epoch, marks).await
+    }
+    async fn list(&self) -> Result<Vec<Listed>, AccessError> {
+        self.inner.list().await
+    }
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>, AccessError> {
+        self.inner.read(name).await
+    }
+    async fn write(&self, epoch: Epoch, name: &str, bytes: Vec<u8>) -> Result<Cas<()>, AccessError> {
+        if EntryName::parse(name).is_some_and(|n| n.id == self.store.slow_id) {
+            tokio::time::sleep(self.store.delay).await;
         }
-        self.inner.prune()
+        self.inner.write(epoch, name, bytes).await
     }
-    fn quarantine(&self, name: &str) -> Result<(), StoreError> {
-        self.inner.quarantine(name)
+    async fn remove(&self, epoch: Epoch, name: &str, how: Removal) -> Result<Cas<()>, AccessError> {
+        if self.store.fail_prune && how == Removal::Delete {
+            return Err(AccessError::determinate(
+                self.inner.location(),
+                format!("deleting {name}"),
+                std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            ));
+        }
+        self.inner.remove(epoch, name, how).await
     }
 }
 

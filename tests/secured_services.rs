@@ -270,7 +270,7 @@ fn kafka_to_kafka_over_sasl_ssl_commits_pending_transactions_with_end_txn_after_
     );
     let mut values: Vec<String> = consumed
         .iter()
-        .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
+        .map(|r| String::from_utf8(r.value.clone().expect("a value").to_vec()).unwrap())
         .collect();
     assert_eq!(
         values.len(),
@@ -466,12 +466,7 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
         let (status, stdout, stderr) = wait(spawn_with(&config, &[], &pairs(&env)), Duration::from_secs(120));
         let took = started.elapsed();
         let output = format!("{stdout}\n{stderr}");
-        let error = stderr
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("Error") || l.contains("ERROR"))
-            .unwrap_or("")
-            .to_string();
+        let error = final_error(&stderr);
         let mut problems = Vec::new();
         if status.success() {
             problems.push("the run succeeded".to_string());
@@ -505,6 +500,30 @@ fn misconfigured_security_is_a_fatal_error_naming_the_service_the_setting_and_th
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The error the run ended with, as an operator reads it: the last
+/// `Error: …` line and its `Caused by:` chain (the fix may be named by a
+/// cause, which errors keep as their `source`), or else the last `ERROR`
+/// log line.
+fn final_error(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    match lines.iter().rposition(|l| l.starts_with("Error")) {
+        Some(at) => lines[at..]
+            .iter()
+            .take_while(|l| !l.starts_with("Stack backtrace"))
+            .filter(|l| !l.is_empty())
+            .copied()
+            .collect::<Vec<&str>>()
+            .join("\n"),
+        None => lines
+            .iter()
+            .rev()
+            .find(|l| l.contains("ERROR"))
+            .copied()
+            .unwrap_or("")
+            .to_string(),
+    }
 }
 
 /// `GET url`: the body (`None` while nothing answers).

@@ -10,6 +10,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
+use crate::changes::Changes;
 use crate::workload::{order_json, partition_of, records_in_partition, unix_ms_now, PARTITIONS};
 
 pub async fn create_topic(bootstrap: &str, topic: &str) -> Result<()> {
@@ -25,6 +26,39 @@ pub async fn create_topic(bootstrap: &str, topic: &str) -> Result<()> {
 /// `acks=all`), then checks that the broker's end offsets are the records
 /// produced: the ends the bounded pipelines and the baselines read up to.
 pub fn preload(rt: &tokio::runtime::Runtime, bootstrap: &str, topic: &str, n: u64, linger_ms: u64) -> Result<()> {
+    let order = |id: u64| (id.to_string(), Some(order_json(id)), partition_of(id));
+    preload_with(rt, (bootstrap, topic), n, linger_ms, order, |p| {
+        records_in_partition(n, p)
+    })
+}
+
+/// [`preload`] of a keyed workload's topic (the upsert and Debezium rows).
+pub fn preload_changes(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    changes: Changes,
+    n: u64,
+    linger_ms: u64,
+) -> Result<()> {
+    let record = |id: u64| {
+        let r = changes.record(id, n);
+        (r.key, r.value, r.partition)
+    };
+    preload_with(rt, (bootstrap, changes.topic()), n, linger_ms, record, |p| {
+        changes.records_in_partition(n, p)
+    })
+}
+
+/// Produces `record(id)` (key, value or tombstone, partition) for `id` in
+/// `0..n` into a new `topic` and checks its end offsets against `ends`.
+fn preload_with(
+    rt: &tokio::runtime::Runtime,
+    (bootstrap, topic): (&str, &str),
+    n: u64,
+    linger_ms: u64,
+    record: impl Fn(u64) -> (String, Option<String>, i32),
+    ends: impl Fn(i32) -> i64,
+) -> Result<()> {
     rt.block_on(async {
         create_topic(bootstrap, topic).await?;
         let producer: FutureProducer = ClientConfig::new()
@@ -37,16 +71,16 @@ pub fn preload(rt: &tokio::runtime::Runtime, bootstrap: &str, topic: &str, n: u6
             .create()?;
         let mut pending = Vec::new();
         for id in 0..n {
-            let (key, value) = (id.to_string(), order_json(id));
-            let mut record = FutureRecord::to(topic)
-                .key(key.as_bytes())
-                .payload(value.as_bytes())
-                .partition(partition_of(id));
+            let (key, value, partition) = record(id);
+            let mut message = FutureRecord::to(topic).key(key.as_bytes()).partition(partition);
+            if let Some(value) = &value {
+                message = message.payload(value.as_bytes());
+            }
             loop {
-                match producer.send_result(record) {
+                match producer.send_result(message) {
                     Ok(delivery) => break pending.push(delivery),
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                        record = r;
+                        message = r;
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                     Err((e, _)) => bail!("producing record {id}: {e}"),
@@ -63,9 +97,9 @@ pub fn preload(rt: &tokio::runtime::Runtime, bootstrap: &str, topic: &str, n: u6
         }
         anyhow::Ok(())
     })?;
-    let ends = end_offsets(bootstrap, topic, &(0..PARTITIONS).collect::<Vec<_>>())?;
-    for (p, end) in ends {
-        let produced = records_in_partition(n, p);
+    let offsets = end_offsets(bootstrap, topic, &(0..PARTITIONS).collect::<Vec<_>>())?;
+    for (p, end) in offsets {
+        let produced = ends(p);
         if end != produced {
             bail!(
                 "partition {p} of `{topic}` ends at offset {end}, but {produced} records were produced into it: \

@@ -6,6 +6,9 @@
 //! Workload: `EXACTLY_BENCH_RECORDS` (default 1,000,000) JSON records of about
 //! 100 bytes, preloaded into a topic with 4 partitions, delivered into a
 //! PostgreSQL table with a primary key, parallelism 2, checkpoints every 1 s.
+//! The keyed rows (`eo-upsert`, `eo-debezium`) read as many changes to a
+//! quarter as many keys, every tenth a delete (`changes.rs`), and check the
+//! table against the last change of every key.
 //!
 //! Every measured run is a child process (the `exactly` release binary, or this
 //! bench binary re-executed in a baseline role), so its peak RSS comes from
@@ -19,7 +22,8 @@
 //!
 //! The files: `services.rs` (broker, PostgreSQL, Redis), `input.rs` (the
 //! topic), `pipelines.rs` (the exactly rows), `baselines.rs` (raw COPY, raw
-//! librdkafka consume, the minimal loop), `fetched.rs` (the raw fetch and
+//! librdkafka consume, the minimal loop), `changes.rs` (the keyed
+//! workloads), `fetched.rs` (the raw fetch and
 //! the minimal loop's reader, on exactly-kafka-wire's fetcher, as the
 //! source reads), `hand_loop.rs` (the hand-written
 //! exactly-once loop), `child.rs` (spawning and reaping the runs),
@@ -34,14 +38,19 @@
 //! | `EXACTLY_BENCH_RECORDS` | 1000000 | records preloaded and delivered per run |
 //! | `EXACTLY_BENCH_LATENCY_RATE` | 2000 | records/s produced during the latency phase |
 //! | `EXACTLY_BENCH_LATENCY_SECS` | 20 | length of the latency phase (0 skips it) |
-//! | `EXACTLY_BENCH_RUNS` | `loop,copy,fetch,consume,hand,eo,eo-kv,alo,redis,pg-fenced` then `loop,hand,eo,eo-kv,alo` twice | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
+//! | `EXACTLY_BENCH_RUNS` | `loop,copy,fetch,consume,hand,eo,eo-kv,alo,redis,pg-fenced,eo-upsert,eo-debezium` then `loop,hand,eo,eo-kv,alo` twice | the runs, in order (a repeated run only repeats the throughput measurement); also the diagnostic `eo-no-discovery` |
 //! | `EXACTLY_BENCH_SOURCE_EXTRA` | — | TOML lines appended to every pipeline's `[source.kafka]` (experiments) |
 //! | `EXACTLY_BENCH_STOP_AT_END` | 1 | 0: pipelines read unbounded and end by SIGTERM once a persisted checkpoint has read everything |
 //! | `EXACTLY_BENCH_PRELOAD_LINGER_MS` | 20 | `linger.ms` of the producer that preloads the topic |
 //! | `EXACTLY_BENCH_EXACTLY` | the binary cargo built | another `exactly` binary to run (comparing builds) |
 //! | `EXACTLY_KAFKA_BOOTSTRAP` | — | an external Kafka to use instead of a broker of the bench's own (the topics must not exist there) |
 
+// A benchmark binary has no public API: the workspace's API lints
+// (missing_docs, unreachable_pub, missing_debug_implementations) do not apply.
+#![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 mod baselines;
+mod changes;
 mod child;
 mod fetched;
 mod hand_loop;
@@ -60,6 +69,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use crate::baselines::spawn_baseline;
+use crate::changes::Changes;
 use crate::child::log_dir;
 use crate::latency::{latency_run, Latency};
 use crate::measure::{pg_next_xid, redis_scripts_run, vm_hwm_kib, CpuProbe, CpuUse};
@@ -167,6 +177,16 @@ fn bench() -> Result<()> {
     let preload_time = preload_started.elapsed();
     let preload_rate = n as f64 / preload_time.as_secs_f64();
     eprintln!("[bench] preloaded in {preload_time:.1?} ({preload_rate:.0} records/s)");
+    // The keyed topics of the upsert and Debezium rows, when they run.
+    let keyed: std::collections::BTreeSet<Changes> = ctx.settings.kinds.iter().filter_map(|k| k.changes()).collect();
+    for changes in keyed {
+        eprintln!(
+            "[bench] preloading {n} changes to {} keys into `{}`",
+            changes::keys(n),
+            changes.topic()
+        );
+        input::preload_changes(&ctx.pg.rt, &ctx.bootstrap, changes, n, ctx.settings.preload_linger_ms)?;
+    }
 
     // Warm-up, unmeasured: one run of the minimal loop, so that no measured
     // run pays for a cold start of the services. The broker's JVM compiles
@@ -313,7 +333,8 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
     let finished = if kind.is_pipeline() {
         let bounded = ctx.settings.stop_at_end;
         let pipeline = format!("{name}-tp");
-        let file = write_pipeline(ctx, kind, &pipeline, TOPIC, &target, bounded)?;
+        let topic = kind.changes().map_or(TOPIC, Changes::topic);
+        let file = write_pipeline(ctx, kind, &pipeline, topic, &target, bounded)?;
         run_to_end(ctx, &pipeline, &file, bounded, RUN_TIMEOUT)?
     } else {
         spawn_baseline(ctx, kind, name, TOPIC, &target, false)?.finish(RUN_TIMEOUT)?
@@ -364,7 +385,8 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
                 );
             } else {
                 outcome.copies = Some(log.copies);
-                if log.copied_rows != n {
+                // The keyed rows merge changes by key: fewer rows than records.
+                if log.copied_rows != n && kind.changes().is_none() {
                     outcome.notes.push(format!(
                         "the sink's COPYs carried {} rows for {n} records (rows of aborted transactions count too)",
                         log.copied_rows
@@ -390,6 +412,31 @@ fn throughput_run(ctx: &Ctx, kind: Kind, name: &str, outcome: &mut Outcome) -> R
                 .sum::<i64>();
             if total != n as i64 {
                 bail!("Redis counted {total} records, expected {n}");
+            }
+        }
+        _ if kind.changes().is_some() => {
+            let changes = kind.changes().expect("a keyed run");
+            let row = ctx.pg.rt.block_on(ctx.pg.client.query_one(
+                &format!(
+                    "SELECT count(*), coalesce(sum(version), 0)::bigint, \
+                     (SELECT count(*) FROM pg_prepared_xacts) FROM {target}"
+                ),
+                &[],
+            ))?;
+            let (rows, versions, prepared): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            let (expected_rows, expected_versions) = changes.final_state(n);
+            if (rows, versions, prepared) != (expected_rows, expected_versions, 0) {
+                bail!(
+                    "table holds {rows} rows (sum of versions {versions}), expected the last change of every key: \
+                     {expected_rows} rows (sum {expected_versions}); {prepared} prepared transactions left"
+                );
+            }
+            let dead = final_metrics(&finished)?
+                .get("dead_letters")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            if dead > 0 {
+                bail!("{dead} dead letters: every record of the keyed workload is a valid change");
             }
         }
         _ => {

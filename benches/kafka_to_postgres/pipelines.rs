@@ -6,8 +6,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_core::{CheckpointStore, FsCheckpointStore};
+use exactly_core::FsCheckpointStore;
 
+use crate::changes;
 use crate::child::{log_dir, Finished, Running};
 use crate::runs::Kind;
 use crate::workload::{records_in_partition, TableShape, BATCH, CHECKPOINT_INTERVAL, PARALLELISM, PARTITIONS};
@@ -32,6 +33,7 @@ pub fn write_pipeline(ctx: &Ctx, kind: Kind, name: &str, topic: &str, target: &s
             } else {
                 ""
             };
+            let keyed = kind.changes().map_or("", changes::sink_settings);
             let columns = match kind.table_shape() {
                 TableShape::Orders => {
                     r#"id = { from = "/id", type = "bigint" }
@@ -42,18 +44,23 @@ payload = { from = "value", type = "jsonb" }"#
                     r#"key = { from = "key", type = "text" }
 value = { from = "value", type = "text" }"#
                 }
+                TableShape::Keyed => changes::COLUMNS,
             };
             format!(
                 r#"[sink.postgres]
 url = "{url}"
 table = "{target}"
-{mode}
+{mode}{keyed}
 [sink.postgres.columns]
-part = {{ from = "partition", type = "int" }}
-off = {{ from = "offset", type = "bigint" }}
-{columns}
+{coordinates}{columns}
 "#,
-                url = ctx.pg_url
+                url = ctx.pg_url,
+                // The keyed table has a row per key, not per record.
+                coordinates = if kind.changes().is_some() {
+                    ""
+                } else {
+                    "part = { from = \"partition\", type = \"int\" }\noff = { from = \"offset\", type = \"bigint\" }\n"
+                }
             )
         }
     };

@@ -3,6 +3,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::changes::Changes;
 use crate::workload::{TableShape, PARTITIONS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,13 +26,20 @@ pub enum Kind {
     /// Diagnostic, only on request: the exactly-once pipeline without
     /// partition discovery, to show what the discovery's waits cost.
     ExactlyOnceNoDiscovery,
+    /// The exactly-once pipeline upserting by record key with deletes
+    /// (`pk.mode = "record_key"`, `delete.enabled`), over the keyed topic
+    /// of `changes.rs`.
+    ExactlyOnceUpserts,
+    /// The exactly-once pipeline reading Debezium change events
+    /// (`format = "debezium"`), over the Debezium topic of `changes.rs`.
+    ExactlyOnceDebezium,
 }
 
 impl Kind {
     /// The default runs, in order: every row once, then the three rows the
     /// targets compare twice more, interleaved, so that the targets compare
     /// means of three and the table shows how much a single run varies.
-    pub const DEFAULT: [Kind; 20] = [
+    pub const DEFAULT: [Kind; 22] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
         Kind::RawFetch,
@@ -42,6 +50,8 @@ impl Kind {
         Kind::AtLeastOnce,
         Kind::RedisFenced,
         Kind::PostgresFenced,
+        Kind::ExactlyOnceUpserts,
+        Kind::ExactlyOnceDebezium,
         Kind::MinimalLoop,
         Kind::HandLoop,
         Kind::ExactlyOnce,
@@ -54,7 +64,7 @@ impl Kind {
         Kind::AtLeastOnce,
     ];
     /// Every run `EXACTLY_BENCH_RUNS` can name.
-    pub const ANY: [Kind; 11] = [
+    pub const ANY: [Kind; 13] = [
         Kind::MinimalLoop,
         Kind::RawCopy,
         Kind::RawFetch,
@@ -66,6 +76,8 @@ impl Kind {
         Kind::RedisFenced,
         Kind::PostgresFenced,
         Kind::ExactlyOnceNoDiscovery,
+        Kind::ExactlyOnceUpserts,
+        Kind::ExactlyOnceDebezium,
     ];
 
     pub fn id(self) -> &'static str {
@@ -81,6 +93,8 @@ impl Kind {
             Kind::ExactlyOnceNoDiscovery => "eo-no-discovery",
             Kind::HandLoop => "hand",
             Kind::ExactlyOnceKeyValue => "eo-kv",
+            Kind::ExactlyOnceUpserts => "eo-upsert",
+            Kind::ExactlyOnceDebezium => "eo-debezium",
         }
     }
 
@@ -97,6 +111,8 @@ impl Kind {
             Kind::ExactlyOnceNoDiscovery => "exactly, exactly-once, partition discovery off (diagnostic)",
             Kind::HandLoop => "hand-written exactly-once loop ×2 (key, value as text)",
             Kind::ExactlyOnceKeyValue => "exactly, exactly-once, the hand loop's table (key, value as text)",
+            Kind::ExactlyOnceUpserts => "exactly, exactly-once, upserts by key with 10 % deletes",
+            Kind::ExactlyOnceDebezium => "exactly, exactly-once, Debezium change events (c/u/d, tombstones)",
         }
     }
 
@@ -110,13 +126,26 @@ impl Kind {
                 | Kind::PostgresFenced
                 | Kind::ExactlyOnceNoDiscovery
                 | Kind::ExactlyOnceKeyValue
+                | Kind::ExactlyOnceUpserts
+                | Kind::ExactlyOnceDebezium
         )
+    }
+
+    /// The keyed workload the run reads, if it reads one (else the orders
+    /// of `TOPIC`).
+    pub fn changes(self) -> Option<Changes> {
+        match self {
+            Kind::ExactlyOnceUpserts => Some(Changes::Upserts),
+            Kind::ExactlyOnceDebezium => Some(Changes::Debezium),
+            _ => None,
+        }
     }
 
     /// The table the run writes (for the runs that write PostgreSQL).
     pub fn table_shape(self) -> TableShape {
         match self {
             Kind::HandLoop | Kind::ExactlyOnceKeyValue => TableShape::KeyValue,
+            Kind::ExactlyOnceUpserts | Kind::ExactlyOnceDebezium => TableShape::Keyed,
             _ => TableShape::Orders,
         }
     }
@@ -129,7 +158,12 @@ impl Kind {
     pub fn has_latency(self) -> bool {
         !matches!(
             self,
-            Kind::RawCopy | Kind::RawConsume | Kind::RawFetch | Kind::ExactlyOnceNoDiscovery
+            Kind::RawCopy
+                | Kind::RawConsume
+                | Kind::RawFetch
+                | Kind::ExactlyOnceNoDiscovery
+                | Kind::ExactlyOnceUpserts
+                | Kind::ExactlyOnceDebezium
         )
     }
 }

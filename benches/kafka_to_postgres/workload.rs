@@ -66,6 +66,9 @@ pub enum TableShape {
     /// `(part, off, key text, value text)`: the hand-written loop's table of
     /// issue 15, no JSON.
     KeyValue,
+    /// `(id primary key, version, customer, amount, note)`: one row per
+    /// live key of the keyed workloads (`changes.rs`).
+    Keyed,
 }
 
 impl TableShape {
@@ -74,6 +77,7 @@ impl TableShape {
         match self {
             TableShape::Orders => "id",
             TableShape::KeyValue => "key",
+            TableShape::Keyed => "id",
         }
     }
 }
@@ -89,6 +93,7 @@ pub fn create_table_sql(table: &str, shape: TableShape) -> String {
             "CREATE TABLE {table} (part integer NOT NULL, off bigint NOT NULL, key text, value text, \
              PRIMARY KEY (part, off))"
         ),
+        TableShape::Keyed => crate::changes::create_table_sql(table),
     }
 }
 

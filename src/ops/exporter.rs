@@ -1,6 +1,16 @@
-//! The pipeline's metrics in the Prometheus text format, through
-//! `prometheus-client`: a [`Collector`] that reads [`Metrics`], the
-//! consumer lag and the connectors' own counters at every scrape.
+//! The pipeline's metrics in the Prometheus text format, with
+//! `prometheus-client`'s own metric types and encoders.
+//!
+//! The runtime counts in plain atomics ([`Metrics`]: `exactly-core` knows
+//! no exposition format), so every scrape reads them, the consumer lag and
+//! the connectors' own counters into a fresh [`Registry`] of
+//! prometheus-client [`Family`]s, [`Counter`]s and [`Gauge`]s, and encodes
+//! it. A registry per scrape holds exactly the series that exist now (a
+//! lag of a partition no longer read, the region families in global
+//! failover, the checkpoint age before the first checkpoint are absent, as
+//! they should be) and needs no clearing. The two duration histograms are
+//! snapshot histograms: the runtime keeps their buckets, and
+//! prometheus-client's `Histogram` only takes observations one at a time.
 //!
 //! Every name starts with `exactly_` and carries the label `pipeline`;
 //! per-subtask families add `subtask` (and `region`, once the runtime
@@ -11,11 +21,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use exactly_core::{HistogramSnapshot, Metrics};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::lag::PartitionLag;
@@ -29,6 +39,8 @@ pub const METRIC_NAMES: &[(&str, &str, &str, &str)] = &[
     ("exactly_records_written_total", "counter", "subtask, region", "records written into transactions by sink subtask `subtask` (replays after a restart count again)"),
     ("exactly_written_bytes_total", "counter", "subtask, region", "their key and value bytes"),
     ("exactly_dead_letters_total", "counter", "", "records sent to the sink's dead-letter destination"),
+    ("exactly_records_filtered_total", "counter", "", "records a transform dropped (`drop-if`, a filter, a flat_map with no output; replays count again)"),
+    ("exactly_transform_dead_letters_total", "counter", "", "records skipped because a transform with `on_error = \"dead-letter\"` failed on them (each logged with the reason)"),
     ("exactly_checkpoints_completed_total", "counter", "", "checkpoints persisted"),
     ("exactly_checkpoints_failed_total", "counter", "", "checkpoints aborted, every cause (declined, timed out, persist failed)"),
     ("exactly_checkpoints_timed_out_total", "counter", "", "of those, the ones that timed out"),
@@ -42,18 +54,21 @@ pub const METRIC_NAMES: &[(&str, &str, &str, &str)] = &[
     ("exactly_checkpoint_cleanup_failures_total", "counter", "", "old checkpoint entries that could not be removed"),
     ("exactly_pending_transactions", "gauge", "subtask, region", "transactions sink subtask `subtask` pre-committed (prepared) that wait for their checkpoint"),
     ("exactly_ready", "gauge", "", "1 when /health/ready answers 200"),
+    ("exactly_standby", "gauge", "", "1 while the process waits as a hot standby for the pipeline's lock (`--standby`)"),
     ("exactly_consumer_lag_records", "gauge", "topic, partition", "end offset minus the latest checkpoint's position (Kafka source)"),
     ("exactly_kafka_sink_lost_transactions_total", "counter", "", "pre-committed Kafka transactions the broker refused to commit (Kafka sink, on_lost_transaction = \"warn\")"),
     ("exactly_kafka_source_transient_errors_total", "counter", "", "client errors the Kafka source rode out"),
     ("exactly_kafka_source_positions_reset_total", "counter", "", "partitions the Kafka source moved on because retention deleted records before they were read (auto.offset.reset)"),
+    ("exactly_kafka_source_truncations_total", "counter", "", "partitions whose log the Kafka source found truncated below its position and read on from the divergence (on_log_truncation = \"resume\")"),
+    ("exactly_kafka_source_truncated_offsets_total", "counter", "", "offsets read before such truncations that no longer exist in the log"),
+    ("exactly_kafka_source_leader_changes_total", "counter", "", "changes of a partition's leader (or leader epoch) the Kafka source followed"),
+    ("exactly_kafka_source_topic_missing", "gauge", "", "1 while the Kafka source's topic is missing from the cluster's metadata (deleted): the pipeline stops after missing_topic_timeout"),
+    ("exactly_kafka_source_fetches_total", "counter", "broker", "Fetch answers the Kafka source received, by the node id of the broker that sent them"),
+    ("exactly_kafka_source_fetch_broker", "gauge", "topic, partition", "the node id of the broker each partition is fetched from now (its leader, or a replica the leader named)"),
     ("exactly_region_checkpoints_completed_total", "counter", "region", "checkpoints persisted per region (region failover); likewise `_failed_total`, `_timed_out_total`, `exactly_region_restarts_total`, `exactly_region_last_checkpoint_id`"),
 ];
 
 type Labels = Vec<(String, String)>;
-/// Reads one per-subtask value.
-type SubtaskValue = fn(&exactly_core::SubtaskSnapshot) -> u64;
-/// Reads one per-region value.
-type RegionValue = fn(&exactly_core::CheckpointStatsSnapshot) -> u64;
 
 /// The latest consumer lag reading, shared with the lag monitor.
 pub type LagReading = Arc<RwLock<Option<Vec<PartitionLag>>>>;
@@ -75,284 +90,375 @@ pub struct Observed {
     pub ready_max_age: std::time::Duration,
 }
 
+impl Observed {
+    /// Whether the pipeline is ready (`/health/ready`, `exactly_ready`):
+    /// the runtime's readiness, and the Kafka source's topic is not missing
+    /// from the metadata.
+    pub fn readiness(&self) -> exactly_core::Readiness {
+        let mut readiness = self.metrics.readiness(self.ready_max_age);
+        let missing = self
+            .kafka_source
+            .as_ref()
+            .map(|s| s.metrics().missing_topics)
+            .unwrap_or_default();
+        if !missing.is_empty() {
+            readiness.ready = false;
+            let topics: Vec<String> = missing.iter().map(|t| format!("`{t}`")).collect();
+            readiness.reason = Some(format!(
+                "topic {} missing from the Kafka cluster's metadata (deleted?)",
+                topics.join(", ")
+            ));
+        }
+        readiness
+    }
+}
+
 impl std::fmt::Debug for Observed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Observed").field("pipeline", &self.pipeline).finish()
     }
 }
 
-/// The registry of one pipeline: prefix `exactly`, label `pipeline`.
-pub fn registry(observed: Observed) -> Registry {
+/// A histogram the runtime already bucketed, in seconds.
+#[derive(Debug)]
+struct SnapshotHistogram(HistogramSnapshot);
+
+impl TypedMetric for SnapshotHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for SnapshotHistogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let h = &self.0;
+        // prometheus-client takes per-bucket counts and accumulates them.
+        let mut previous = 0;
+        let buckets: Vec<(f64, u64)> = h
+            .buckets
+            .iter()
+            .map(|&(bound_us, cumulative)| {
+                let n = cumulative - previous;
+                previous = cumulative;
+                (bound_us as f64 / 1e6, n)
+            })
+            .collect();
+        encoder.encode_histogram::<Labels>(h.sum_us as f64 / 1e6, h.count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// A counter holding `value`.
+fn counter(value: u64) -> Counter {
+    let counter = Counter::default();
+    counter.inc_by(value);
+    counter
+}
+
+/// A gauge holding `value`.
+fn gauge(value: i64) -> Gauge {
+    let gauge = Gauge::default();
+    gauge.set(value);
+    gauge
+}
+
+/// The registry of one pipeline as it stands now: prefix `exactly`, label
+/// `pipeline`, every family read from `observed`. (`Registry::register`
+/// ends each help text with a period.)
+pub fn registry(observed: &Observed) -> Registry {
     let mut registry = Registry::with_prefix_and_labels(
         "exactly",
         [("pipeline".into(), observed.pipeline.clone().into())].into_iter(),
     );
-    registry.register_collector(Box::new(PipelineCollector(observed)));
+    let m = &observed.metrics;
+    let s = m.snapshot();
+    let subtasks = m.subtasks();
+
+    type SubtaskValue = fn(&exactly_core::SubtaskSnapshot) -> u64;
+    let per_subtask: [(&str, &str, Option<Unit>, SubtaskValue); 4] = [
+        ("records_read", "Records read by source subtask `subtask`", None, |t| {
+            t.records_read
+        }),
+        (
+            "read",
+            "Key and value bytes of the records read",
+            Some(Unit::Bytes),
+            |t| t.bytes_read,
+        ),
+        (
+            "records_written",
+            "Records written into sink transactions by sink subtask `subtask`",
+            None,
+            |t| t.records_written,
+        ),
+        (
+            "written",
+            "Key and value bytes of the records written",
+            Some(Unit::Bytes),
+            |t| t.bytes_written,
+        ),
+    ];
+    let subtask_labels = |t: &exactly_core::SubtaskSnapshot| -> Labels {
+        let mut labels = vec![("subtask".to_string(), t.subtask.to_string())];
+        labels.extend(t.region.map(|r| ("region".to_string(), r.to_string())));
+        labels
+    };
+    for (name, help, unit, value) in per_subtask {
+        let family = Family::<Labels, Counter>::default();
+        for t in &subtasks {
+            family.get_or_create(&subtask_labels(t)).inc_by(value(t));
+        }
+        match unit {
+            Some(unit) => registry.register_with_unit(name, help, unit, family),
+            None => registry.register(name, help, family),
+        }
+    }
+    let pending = Family::<Labels, Gauge>::default();
+    for t in &subtasks {
+        pending
+            .get_or_create(&subtask_labels(t))
+            .set(t.pending_transactions as i64);
+    }
+    registry.register(
+        "pending_transactions",
+        "Transactions sink subtask `subtask` pre-committed that wait for their checkpoint to complete",
+        pending,
+    );
+
+    let counters: [(&str, &str, u64); 10] = [
+        (
+            "dead_letters",
+            "Records sent to the sink's dead-letter destination",
+            s.dead_letters,
+        ),
+        (
+            "records_filtered",
+            "Records a transform dropped (replays count again)",
+            s.records_filtered,
+        ),
+        (
+            "transform_dead_letters",
+            "Records skipped because a transform with on_error = dead-letter failed on them",
+            s.transform_dead_letters,
+        ),
+        (
+            "checkpoints_completed",
+            "Checkpoints persisted",
+            s.checkpoints_completed,
+        ),
+        (
+            "checkpoints_failed",
+            "Checkpoints aborted, every cause (declined, timed out, persist failed)",
+            s.checkpoints_failed,
+        ),
+        (
+            "checkpoints_timed_out",
+            "Checkpoints aborted because they timed out",
+            s.checkpoints_timed_out,
+        ),
+        ("restarts", "Restarts after failures", s.restarts),
+        (
+            "slow_checkpoint_writes",
+            "Checkpoint writes still running after the checkpoint timeout",
+            s.slow_persists,
+        ),
+        (
+            "checkpoint_cleanup_failures",
+            "Old checkpoint entries that could not be removed",
+            s.store_cleanup_failures,
+        ),
+        ("commits", "Transactions committed", s.commits),
+    ];
+    for (name, help, value) in counters {
+        registry.register(name, help, counter(value));
+    }
+    registry.register_with_unit(
+        "checkpoint_duration",
+        "Trigger-to-persisted time of completed checkpoints",
+        Unit::Seconds,
+        SnapshotHistogram(m.checkpoint_durations()),
+    );
+    registry.register_with_unit(
+        "commit_latency",
+        "Time from a checkpoint's completion to the commit of each of its transactions",
+        Unit::Seconds,
+        SnapshotHistogram(m.commit_latencies()),
+    );
+    registry.register(
+        "last_checkpoint_id",
+        "Id of the latest completed checkpoint (0: none yet)",
+        gauge(s.last_completed_checkpoint as i64),
+    );
+    if s.last_completed_checkpoint_unix_ms > 0 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        age.set(now.saturating_sub(s.last_completed_checkpoint_unix_ms) as f64 / 1000.0);
+        registry.register_with_unit(
+            "last_checkpoint_age",
+            "Time since the latest checkpoint completed",
+            Unit::Seconds,
+            age,
+        );
+    }
+    let ready = observed.readiness().ready;
+    registry.register(
+        "ready",
+        "1 when the pipeline is recovered and checkpoints complete (/health/ready answers 200)",
+        gauge(i64::from(ready)),
+    );
+    registry.register(
+        "standby",
+        "1 while the process waits as a hot standby for the pipeline's lock",
+        gauge(i64::from(m.is_standby())),
+    );
+
+    let regions = m.regions();
+    if !regions.is_empty() {
+        type RegionValue = fn(&exactly_core::CheckpointStatsSnapshot) -> u64;
+        let region_counters: [(&str, &str, RegionValue); 4] = [
+            (
+                "region_checkpoints_completed",
+                "Checkpoints of region `region` persisted",
+                |r| r.completed,
+            ),
+            (
+                "region_checkpoints_failed",
+                "Checkpoints of region `region` aborted",
+                |r| r.failed,
+            ),
+            (
+                "region_checkpoints_timed_out",
+                "Checkpoints of region `region` that timed out",
+                |r| r.timed_out,
+            ),
+            ("region_restarts", "Restarts of region `region`", |r| r.restarts),
+        ];
+        let region_labels = |r: &usize| -> Labels { vec![("region".into(), r.to_string())] };
+        for (name, help, value) in region_counters {
+            let family = Family::<Labels, Counter>::default();
+            for (r, stats) in &regions {
+                family.get_or_create(&region_labels(r)).inc_by(value(stats));
+            }
+            registry.register(name, help, family);
+        }
+        let last = Family::<Labels, Gauge>::default();
+        for (r, stats) in &regions {
+            last.get_or_create(&region_labels(r))
+                .set(stats.last_completed_id as i64);
+        }
+        registry.register(
+            "region_last_checkpoint_id",
+            "Id of the latest completed checkpoint of region `region`",
+            last,
+        );
+    }
+
+    let lag = observed.lag.read().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(lag) = lag {
+        let family = Family::<Labels, Gauge>::default();
+        for p in &lag {
+            let labels: Labels = vec![
+                ("topic".into(), p.topic.clone()),
+                ("partition".into(), p.partition.to_string()),
+            ];
+            family.get_or_create(&labels).set(p.lag);
+        }
+        registry.register_with_unit(
+            "consumer_lag",
+            "End offset of the partition minus the position of the latest complete checkpoint",
+            Unit::Other("records".into()),
+            family,
+        );
+    }
+    if let Some(sink) = &observed.kafka_sink {
+        registry.register(
+            "kafka_sink_lost_transactions",
+            "Pre-committed Kafka transactions the broker refused to commit (on_lost_transaction = \"warn\")",
+            counter(sink.metrics().lost_transactions),
+        );
+    }
+    if let Some(source) = &observed.kafka_source {
+        let k = source.metrics();
+        registry.register(
+            "kafka_source_transient_errors",
+            "Client errors the Kafka source rode out (each logged)",
+            counter(k.transient_errors),
+        );
+        registry.register(
+            "kafka_source_positions_reset",
+            "Partitions the Kafka source moved on because retention deleted records before they were read \
+             (auto.offset.reset; each logged with what was skipped)",
+            counter(k.positions_reset),
+        );
+        for (name, help, value) in [
+            (
+                "kafka_source_truncations",
+                "Partitions whose log was found truncated below the position read, read on from the divergence \
+                 (on_log_truncation = \"resume\")",
+                k.truncations,
+            ),
+            (
+                "kafka_source_truncated_offsets",
+                "Offsets read before such truncations that no longer exist in the log",
+                k.truncated_offsets,
+            ),
+            (
+                "kafka_source_leader_changes",
+                "Changes of a partition's leader (or leader epoch) the Kafka source followed",
+                k.leader_changes,
+            ),
+        ] {
+            registry.register(name, help, counter(value));
+        }
+        registry.register(
+            "kafka_source_topic_missing",
+            "1 while the topic is missing from the cluster's metadata (deleted)",
+            gauge(i64::from(!k.missing_topics.is_empty())),
+        );
+        let fetches = Family::<Labels, Counter>::default();
+        for (node, n) in &k.fetches_by_node {
+            fetches
+                .get_or_create(&vec![("broker".into(), node.to_string())])
+                .inc_by(*n);
+        }
+        registry.register(
+            "kafka_source_fetches",
+            "Fetch answers received, by the node id of the broker that sent them",
+            fetches,
+        );
+        let fetching_from = Family::<Labels, Gauge>::default();
+        for ((topic, partition), node) in &k.fetching_from {
+            let labels: Labels = vec![
+                ("topic".into(), topic.clone()),
+                ("partition".into(), partition.to_string()),
+            ];
+            fetching_from.get_or_create(&labels).set(i64::from(*node));
+        }
+        registry.register(
+            "kafka_source_fetch_broker",
+            "The node id of the broker each partition is fetched from now",
+            fetching_from,
+        );
+    }
     registry
 }
 
-/// Renders `registry` in the Prometheus text format (0.0.4), or in
-/// OpenMetrics when `openmetrics`.
-pub fn render(registry: &Registry, openmetrics: bool) -> String {
+/// The pipeline's metrics now, in the Prometheus text format (0.0.4), or
+/// in OpenMetrics when `openmetrics`.
+pub fn render(observed: &Observed, openmetrics: bool) -> String {
+    let registry = registry(observed);
     let mut out = String::new();
     let encoded = if openmetrics {
-        prometheus_client::encoding::text::encode(&mut out, registry)
+        prometheus_client::encoding::text::encode(&mut out, &registry)
     } else {
-        prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
     };
     encoded.expect("writing into a String cannot fail");
     out
-}
-
-#[derive(Debug)]
-struct PipelineCollector(Observed);
-
-fn counter(encoder: MetricEncoder<'_>, value: u64) -> Result<(), std::fmt::Error> {
-    ConstCounter::new(value).encode(encoder)
-}
-
-fn histogram(mut encoder: MetricEncoder<'_>, h: &HistogramSnapshot) -> Result<(), std::fmt::Error> {
-    // prometheus-client takes per-bucket counts and accumulates them.
-    let mut previous = 0;
-    let buckets: Vec<(f64, u64)> = h
-        .buckets
-        .iter()
-        .map(|&(bound_us, cumulative)| {
-            let n = cumulative - previous;
-            previous = cumulative;
-            (bound_us as f64 / 1e6, n)
-        })
-        .collect();
-    encoder.encode_histogram::<Labels>(h.sum_us as f64 / 1e6, h.count, &buckets, None)
-}
-
-impl Collector for PipelineCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let observed = &self.0;
-        let m = &observed.metrics;
-        let s = m.snapshot();
-        let subtasks = m.subtasks();
-        let subtask_labels = |i: usize, region: Option<usize>| -> Labels {
-            let mut labels = vec![("subtask".to_string(), i.to_string())];
-            if let Some(r) = region {
-                labels.push(("region".to_string(), r.to_string()));
-            }
-            labels
-        };
-        let records = Unit::Other("records".into());
-
-        let per_subtask: [(&str, &str, Option<&Unit>, SubtaskValue); 4] = [
-            ("records_read", "Records read by source subtask `subtask`.", None, |t| {
-                t.records_read
-            }),
-            (
-                "read",
-                "Key and value bytes of the records read.",
-                Some(&Unit::Bytes),
-                |t| t.bytes_read,
-            ),
-            (
-                "records_written",
-                "Records written into sink transactions by sink subtask `subtask`.",
-                None,
-                |t| t.records_written,
-            ),
-            (
-                "written",
-                "Key and value bytes of the records written.",
-                Some(&Unit::Bytes),
-                |t| t.bytes_written,
-            ),
-        ];
-        for (name, help, unit, value) in per_subtask {
-            let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Counter)?;
-            for t in &subtasks {
-                counter(family.encode_family(&subtask_labels(t.subtask, t.region))?, value(t))?;
-            }
-        }
-        let mut pending = encoder.encode_descriptor(
-            "pending_transactions",
-            "Transactions sink subtask `subtask` pre-committed that wait for their checkpoint to complete.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for t in &subtasks {
-            ConstGauge::new(t.pending_transactions as i64)
-                .encode(pending.encode_family(&subtask_labels(t.subtask, t.region))?)?;
-        }
-
-        let counters: [(&str, &str, u64); 8] = [
-            (
-                "dead_letters",
-                "Records sent to the sink's dead-letter destination.",
-                s.dead_letters,
-            ),
-            (
-                "checkpoints_completed",
-                "Checkpoints persisted.",
-                s.checkpoints_completed,
-            ),
-            (
-                "checkpoints_failed",
-                "Checkpoints aborted, every cause (declined, timed out, persist failed).",
-                s.checkpoints_failed,
-            ),
-            (
-                "checkpoints_timed_out",
-                "Checkpoints aborted because they timed out.",
-                s.checkpoints_timed_out,
-            ),
-            ("restarts", "Restarts after failures.", s.restarts),
-            (
-                "slow_checkpoint_writes",
-                "Checkpoint writes still running after the checkpoint timeout.",
-                s.slow_persists,
-            ),
-            (
-                "checkpoint_cleanup_failures",
-                "Old checkpoint entries that could not be removed.",
-                s.store_cleanup_failures,
-            ),
-            ("commits", "Transactions committed.", s.commits),
-        ];
-        for (name, help, value) in counters {
-            counter(encoder.encode_descriptor(name, help, None, MetricType::Counter)?, value)?;
-        }
-        histogram(
-            encoder.encode_descriptor(
-                "checkpoint_duration",
-                "Trigger-to-persisted time of completed checkpoints.",
-                Some(&Unit::Seconds),
-                MetricType::Histogram,
-            )?,
-            &m.checkpoint_durations(),
-        )?;
-        histogram(
-            encoder.encode_descriptor(
-                "commit_latency",
-                "Time from a checkpoint's completion to the commit of each of its transactions.",
-                Some(&Unit::Seconds),
-                MetricType::Histogram,
-            )?,
-            &m.commit_latencies(),
-        )?;
-        ConstGauge::new(s.last_completed_checkpoint as i64).encode(encoder.encode_descriptor(
-            "last_checkpoint_id",
-            "Id of the latest completed checkpoint (0: none yet).",
-            None,
-            MetricType::Gauge,
-        )?)?;
-        if s.last_completed_checkpoint_unix_ms > 0 {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or_default();
-            let age = now.saturating_sub(s.last_completed_checkpoint_unix_ms) as f64 / 1000.0;
-            ConstGauge::new(age).encode(encoder.encode_descriptor(
-                "last_checkpoint_age",
-                "Time since the latest checkpoint completed.",
-                Some(&Unit::Seconds),
-                MetricType::Gauge,
-            )?)?;
-        }
-        let ready = m.readiness(observed.ready_max_age).ready;
-        ConstGauge::new(i64::from(ready)).encode(encoder.encode_descriptor(
-            "ready",
-            "1 when the pipeline is recovered and checkpoints complete (/health/ready answers 200).",
-            None,
-            MetricType::Gauge,
-        )?)?;
-
-        let regions = m.regions();
-        if !regions.is_empty() {
-            let region_counters: [(&str, &str, RegionValue); 4] = [
-                (
-                    "region_checkpoints_completed",
-                    "Checkpoints of region `region` persisted.",
-                    |r| r.completed,
-                ),
-                (
-                    "region_checkpoints_failed",
-                    "Checkpoints of region `region` aborted.",
-                    |r| r.failed,
-                ),
-                (
-                    "region_checkpoints_timed_out",
-                    "Checkpoints of region `region` that timed out.",
-                    |r| r.timed_out,
-                ),
-                ("region_restarts", "Restarts of region `region`.", |r| r.restarts),
-            ];
-            for (name, help, value) in region_counters {
-                let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-                for (r, stats) in &regions {
-                    let labels: Labels = vec![("region".into(), r.to_string())];
-                    counter(family.encode_family(&labels)?, value(stats))?;
-                }
-            }
-            let mut family = encoder.encode_descriptor(
-                "region_last_checkpoint_id",
-                "Id of the latest completed checkpoint of region `region`.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (r, stats) in &regions {
-                let labels: Labels = vec![("region".into(), r.to_string())];
-                ConstGauge::new(stats.last_completed_id as i64).encode(family.encode_family(&labels)?)?;
-            }
-        }
-
-        let lag = observed.lag.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(lag) = lag {
-            let mut family = encoder.encode_descriptor(
-                "consumer_lag",
-                "End offset of the partition minus the position of the latest complete checkpoint.",
-                Some(&records),
-                MetricType::Gauge,
-            )?;
-            for p in &lag {
-                let labels: Labels = vec![
-                    ("topic".into(), p.topic.clone()),
-                    ("partition".into(), p.partition.to_string()),
-                ];
-                ConstGauge::new(p.lag).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        if let Some(sink) = &observed.kafka_sink {
-            let k = sink.metrics();
-            counter(
-                encoder.encode_descriptor(
-                    "kafka_sink_lost_transactions",
-                    "Pre-committed Kafka transactions the broker refused to commit (on_lost_transaction = \"warn\").",
-                    None,
-                    MetricType::Counter,
-                )?,
-                k.lost_transactions,
-            )?;
-        }
-        if let Some(source) = &observed.kafka_source {
-            counter(
-                encoder.encode_descriptor(
-                    "kafka_source_transient_errors",
-                    "Client errors the Kafka source rode out (each logged).",
-                    None,
-                    MetricType::Counter,
-                )?,
-                source.metrics().transient_errors,
-            )?;
-            counter(
-                encoder.encode_descriptor(
-                    "kafka_source_positions_reset",
-                    "Partitions the Kafka source moved on because retention deleted records before they were read \
-                     (auto.offset.reset; each logged with what was skipped).",
-                    None,
-                    MetricType::Counter,
-                )?,
-                source.metrics().positions_reset,
-            )?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -390,7 +496,7 @@ mod tests {
             end: 12,
             lag: 7,
         }]);
-        let text = render(&registry(o), false);
+        let text = render(&o, false);
         assert_eq!(
             value(&text, r#"exactly_records_read_total{pipeline="orders",subtask="1"}"#),
             Some(1.0),
@@ -441,7 +547,7 @@ mod tests {
         let o = observed();
         o.metrics.checkpoint_completed_in(None, 1, 30);
         o.metrics.checkpoint_completed_in(None, 2, 700);
-        let text = render(&registry(o), false);
+        let text = render(&o, false);
         let bucket = |le: &str| {
             value(
                 &text,

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use exactly_core::SplitPositions;
 use exactly_kafka::wire::{ConsumerClient, OffsetSpec};
-use exactly_kafka::KafkaSourceConfig;
+use exactly_kafka::{KafkaSourceConfig, Subscription};
 
 /// Lag of one partition.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -32,11 +32,12 @@ pub struct PartitionLag {
     pub lag: i64,
 }
 
-/// Reads the end offsets of the source's topic, on connections kept from
+/// Reads the end offsets of the source's topics, on connections kept from
 /// one reading to the next.
 #[derive(Debug)]
 pub struct KafkaLagProbe {
     config: KafkaSourceConfig,
+    subscription: Subscription,
     client: Option<ConsumerClient>,
 }
 
@@ -46,25 +47,53 @@ impl KafkaLagProbe {
     pub fn new(config: &KafkaSourceConfig) -> Self {
         KafkaLagProbe {
             config: config.clone(),
+            subscription: config.subscription(),
             client: None,
         }
     }
 
-    /// The topic.
-    pub fn topic(&self) -> &str {
-        &self.config.topic
+    /// What the source reads, for messages.
+    pub fn topics_label(&self) -> String {
+        self.subscription.label()
     }
 
     /// The partitions' lags against `positions` (from a checkpoint; `None`:
-    /// no checkpoint yet).
+    /// no checkpoint yet), topic by topic.
     pub async fn lag(&mut self, positions: Option<&SplitPositions>) -> Result<Vec<PartitionLag>, String> {
-        let offsets = self.offsets().await?;
-        Ok(lag_of(&self.config.topic, &offsets, positions))
+        let mut lags = Vec::new();
+        for topic in self.topics().await? {
+            let offsets = self.offsets(&topic).await?;
+            lags.extend(lag_of(&topic, &offsets, positions));
+        }
+        Ok(lags)
     }
 
-    /// `(low, end)` of every partition of the topic.
-    async fn offsets(&mut self) -> Result<BTreeMap<i32, (i64, i64)>, String> {
-        let topic = self.config.topic.clone();
+    /// The client, connected on first use.
+    fn client(&mut self) -> Result<&mut ConsumerClient, String> {
+        if self.client.is_none() {
+            let wire = self.config.wire_config().map_err(|e| e.to_string())?;
+            self.client = Some(ConsumerClient::new(wire));
+        }
+        Ok(self.client.as_mut().expect("set above"))
+    }
+
+    /// The topics the source reads now.
+    async fn topics(&mut self) -> Result<Vec<String>, String> {
+        if let Some(named) = self.subscription.named() {
+            return Ok(named);
+        }
+        let bootstrap = self.config.bootstrap.clone();
+        let names = self
+            .client()?
+            .topic_names()
+            .await
+            .map_err(|e| format!("cannot list the topics of Kafka at {bootstrap}: {e}"))?;
+        Ok(names.into_iter().filter(|t| self.subscription.matches(t)).collect())
+    }
+
+    /// `(low, end)` of every partition of `topic`.
+    async fn offsets(&mut self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, String> {
+        let topic = topic.to_string();
         let bootstrap = self.config.bootstrap.clone();
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             format!(
@@ -72,13 +101,7 @@ impl KafkaLagProbe {
                  running and reachable at that address and that source.kafka.bootstrap is right"
             )
         };
-        let client = match &mut self.client {
-            Some(client) => client,
-            None => {
-                let wire = self.config.wire_config().map_err(|e| e.to_string())?;
-                self.client.insert(ConsumerClient::new(wire))
-            }
-        };
+        let client = self.client()?;
         let metadata = client
             .topic_metadata(&topic)
             .await

@@ -60,14 +60,11 @@ pub fn spawn_lag_monitor(file: &PipelineFile, observed: &Observed, interval: Dur
         let mut failing = false;
         loop {
             tick.tick().await;
-            let file = file.clone();
             // The checkpoint sequences are listed again at every tick: the
             // regions' folders appear one by one as the runtime starts them,
             // and a list taken while only some existed would leave the
             // others' partitions unread for good.
-            let positions =
-                tokio::task::spawn_blocking(move || status::latest_positions(&status::sequences(&file))).await;
-            let Ok(positions) = positions else { return };
+            let positions = status::latest_positions(&status::sequences(&file).await).await;
             match probe.lag(positions.as_ref()).await {
                 Ok(lag) => {
                     failing = false;

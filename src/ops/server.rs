@@ -19,16 +19,14 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use super::exporter::{registry, render, Observed};
+use super::exporter::{render, Observed};
 
 struct Shared {
     observed: Observed,
-    registry: Registry,
 }
 
 /// A started endpoint; stops when dropped.
@@ -49,10 +47,7 @@ impl MetricsServer {
             )
         })?;
         let address = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            registry: registry(observed.clone()),
-            observed,
-        });
+        let shared = Arc::new(Shared { observed });
         let app = Router::new()
             .route("/metrics", get(metrics))
             .route("/health/live", get(live))
@@ -85,7 +80,7 @@ async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respo
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|accept| accept.contains("application/openmetrics-text"));
-    let body = render(&shared.registry, openmetrics);
+    let body = render(&shared.observed, openmetrics);
     let content_type = if openmetrics {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
     } else {
@@ -100,7 +95,7 @@ async fn live(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     let observed = &shared.observed;
-    let r = observed.metrics.readiness(observed.ready_max_age);
+    let r = observed.readiness();
     let body = json!({
         "status": if r.ready { "ready" } else { "not ready" },
         "pipeline": observed.pipeline,

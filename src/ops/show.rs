@@ -7,7 +7,8 @@ use anyhow::{bail, Result};
 use exactly_core::{CheckpointEntry, FsCheckpointStore};
 
 use super::redact::redact;
-use super::status::{split_entry_path, summary, write_pending};
+use super::status::{sequences, split_entry_path, summary, write_pending};
+use crate::config::PipelineFile;
 
 /// Reads and verifies the entry at `path`; the error names the problem and
 /// the fix.
@@ -46,6 +47,33 @@ pub fn read_entry(path: &Path) -> Result<CheckpointEntry> {
              otherwise leave it where it is (a deleted or moved entry is not checked for)"
         )
     })
+}
+
+/// Finds the entry `name` in any checkpoint sequence of the pipeline
+/// `config` describes, in whichever store it names, and verifies it.
+pub async fn find_entry(config: &PipelineFile, name: &str) -> Result<CheckpointEntry> {
+    if exactly_core::EntryName::parse(name).is_none() {
+        bail!(
+            "`{name}` is not a checkpoint entry's name: entries are named <fingerprint>-<unix-ms>-<id>. Fix: \
+             `exactly checkpoints list pipeline.toml` lists them"
+        );
+    }
+    for sequence in sequences(config).await {
+        let listed = sequence.checkpoints.list().await?;
+        if listed.iter().any(|n| n.file_name == name) {
+            return sequence.checkpoints.read(name).await.map_err(|why| {
+                anyhow::anyhow!(
+                    "checkpoint entry {name} is unreadable: {}. Fix: restore it from a backup if you have one; \
+                     otherwise leave it where it is",
+                    redact(&why.to_string())
+                )
+            });
+        }
+    }
+    bail!(
+        "no checkpoint entry {name} in the pipeline's store. Fix: `exactly checkpoints list pipeline.toml` lists \
+         the entries there are"
+    )
 }
 
 /// The entry as text.

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use exactly_core::{CheckpointEntry, CheckpointStore, FsCheckpointStore, PreparedTransaction, SplitPositions};
+use exactly_core::{CheckpointEntry, Checkpoints, PreparedTransaction, Scope, SplitPositions};
 use serde::Serialize;
 
 use super::lag::{KafkaLagProbe, PartitionLag};
@@ -27,49 +27,39 @@ use super::lag::{KafkaLagProbe, PartitionLag};
 /// How long `exactly status` waits for the brokers' end offsets.
 const LAG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 use super::redact::redact;
-use crate::config::{PipelineFile, SourceSection};
+use crate::config::{PipelineFile, SourceSection, StoreSection};
 
 /// One sequence of checkpoints: the pipeline's own, or a region's
-/// (`<dir>/<pipeline>/region-<i>/`).
+/// (`<dir>/<pipeline>/region-<i>/` in the folder store).
 #[derive(Clone, Debug)]
 pub struct Sequence {
     /// `None`: the pipeline's own sequence.
     pub region: Option<usize>,
-    /// Its store.
-    pub store: FsCheckpointStore,
+    /// Its checkpoints, in whichever store the pipeline file names.
+    pub checkpoints: Checkpoints,
 }
 
-/// Folder-name prefix of a region's checkpoint sequence.
-const REGION_PREFIX: &str = "region-";
-
-/// The pipeline's checkpoint sequences: the regions' when the folder has
-/// any (region failover), else the pipeline's own.
-pub fn sequences(file: &PipelineFile) -> Vec<Sequence> {
-    let own = file.store();
-    let mut regions: Vec<usize> = std::fs::read_dir(own.dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| e.file_name().to_str()?.strip_prefix(REGION_PREFIX)?.parse().ok())
-        .collect();
-    regions.sort_unstable();
-    let own_has_entries = own.list().is_ok_and(|l| !l.is_empty());
+/// The pipeline's checkpoint sequences: the regions' when the store has
+/// any (region failover), else the pipeline's own. Empty when the store
+/// cannot be used.
+pub async fn sequences(file: &PipelineFile) -> Vec<Sequence> {
+    let Ok(store) = file.checkpoint_store() else {
+        return Vec::new();
+    };
+    let regions = store.regions().await.unwrap_or_default();
+    let own = Checkpoints::new(store.sequence(Scope::Global), store.retain());
+    let own_has_entries = own.list().await.is_ok_and(|l| !l.is_empty());
     let mut out = Vec::new();
     if regions.is_empty() || own_has_entries {
         out.push(Sequence {
             region: None,
-            store: own,
+            checkpoints: own,
         });
     }
     for r in regions {
         out.push(Sequence {
             region: Some(r),
-            store: FsCheckpointStore::new(
-                file.store().dir(),
-                &format!("{REGION_PREFIX}{r}"),
-                file.checkpoint.retain,
-            ),
+            checkpoints: Checkpoints::new(store.sequence(Scope::Region(r)), store.retain()),
         });
     }
     out
@@ -77,10 +67,10 @@ pub fn sequences(file: &PipelineFile) -> Vec<Sequence> {
 
 /// The positions of the latest complete checkpoint of every sequence,
 /// merged (`None`: no sequence has one).
-pub fn latest_positions(sequences: &[Sequence]) -> Option<SplitPositions> {
+pub async fn latest_positions(sequences: &[Sequence]) -> Option<SplitPositions> {
     let mut merged: Option<SplitPositions> = None;
     for s in sequences {
-        if let Ok(Some(entry)) = s.store.latest() {
+        if let Ok(Some(entry)) = s.checkpoints.latest().await {
             merged
                 .get_or_insert_with(Default::default)
                 .merge(&entry.checkpoint.positions);
@@ -136,6 +126,12 @@ pub struct SequenceStatus {
     pub committed_through: Option<u64>,
     /// Checkpoint ids reserved so far (`id-watermark`).
     pub id_watermark: Option<u64>,
+    /// Who last took the sequence (its epoch's owner), where the store
+    /// records it (the PostgreSQL store; the folder store's live in the
+    /// running process).
+    pub owner: Option<String>,
+    /// The sequence's epoch, with `owner`.
+    pub epoch: Option<u64>,
 }
 
 /// A checkpoint, for people.
@@ -186,10 +182,14 @@ fn now_ms() -> u64 {
 /// Reads everything. Fails only when the pipeline file cannot be used;
 /// what cannot be read otherwise lands in [`StatusReport::problems`].
 pub async fn status(file: &PipelineFile) -> anyhow::Result<StatusReport> {
-    let sequences = sequences(file);
+    let store = file
+        .checkpoint_store()
+        .map_err(|e| anyhow::anyhow!(redact(&e.to_string())))?;
+    let sequences = sequences(file).await;
     let mut problems = Vec::new();
-    let folder = file.store().dir().display().to_string();
-    if !file.store().dir().exists() {
+    let folder = store.location();
+    let on_folder = file.checkpoint.store.is_none();
+    if on_folder && !file.store().dir().exists() {
         problems.push(format!(
             "the checkpoint folder {folder} does not exist: the pipeline has never run with this [checkpoint] dir \
              and name (check both in the pipeline file)"
@@ -197,7 +197,7 @@ pub async fn status(file: &PipelineFile) -> anyhow::Result<StatusReport> {
     }
     let mut checkpoints = Vec::new();
     for s in &sequences {
-        checkpoints.push(sequence_status(s, &mut problems));
+        checkpoints.push(sequence_status(s, &mut problems).await);
     }
     let listed: Vec<&serde_json::Value> = checkpoints
         .iter()
@@ -234,7 +234,7 @@ pub async fn status(file: &PipelineFile) -> anyhow::Result<StatusReport> {
     let consumer_lag = match &file.source {
         SourceSection::Kafka(k) => {
             let mut probe = KafkaLagProbe::new(k);
-            let positions = latest_positions(&sequences);
+            let positions = latest_positions(&sequences).await;
             let reading = tokio::time::timeout(LAG_TIMEOUT, probe.lag(positions.as_ref())).await;
             match reading.unwrap_or_else(|_| Err(format!("no answer from Kafka within {LAG_TIMEOUT:?}"))) {
                 Ok(lag) => Some(lag),
@@ -244,12 +244,15 @@ pub async fn status(file: &PipelineFile) -> anyhow::Result<StatusReport> {
                 }
             }
         }
-        SourceSection::Sequence(_) => None,
+        SourceSection::Sequence(_) | SourceSection::Plugin(_) => None,
     };
     Ok(StatusReport {
         pipeline: file.name.clone(),
         folder,
-        running: running(file.store().dir()),
+        running: match &file.checkpoint.store {
+            None => running(file.store().dir()),
+            Some(StoreSection::Postgres(url)) => running_on_postgres(url, &file.name).await,
+        },
         checkpoints,
         prepared_transactions: prepared,
         total_lag: consumer_lag.as_ref().map(|l| l.iter().map(|p| p.lag).sum()),
@@ -269,30 +272,36 @@ fn names(value: &serde_json::Value, name: &str) -> bool {
     }
 }
 
-fn sequence_status(s: &Sequence, problems: &mut Vec<String>) -> SequenceStatus {
-    let folder = s.store.dir().display().to_string();
+async fn sequence_status(s: &Sequence, problems: &mut Vec<String>) -> SequenceStatus {
+    let folder = s.checkpoints.location();
+    let head = s.checkpoints.head().await.ok();
     let mut status = SequenceStatus {
         region: s.region,
         folder: folder.clone(),
         latest: None,
         unreadable: Vec::new(),
-        committed_through: s.store.committed_through().ok().flatten().map(|c| c.0),
-        id_watermark: s.store.id_watermark().ok().flatten().map(|c| c.0),
+        committed_through: head.as_ref().and_then(|h| h.committed_through).map(|c| c.0),
+        id_watermark: head.as_ref().and_then(|h| h.id_watermark).map(|c| c.0),
+        owner: head.as_ref().and_then(|h| h.owner.clone()),
+        epoch: head.as_ref().filter(|h| h.owner.is_some()).map(|h| h.epoch.0),
     };
-    let names = match s.store.list() {
+    let names = match s.checkpoints.list().await {
         Ok(names) => names,
         Err(e) => {
-            problems.push(format!("cannot list the checkpoints in {folder}: {e}"));
+            problems.push(format!(
+                "cannot list the checkpoints in {folder}: {}",
+                redact(&e.to_string())
+            ));
             return status;
         }
     };
     for name in names.iter().rev() {
-        match s.store.read(&name.file_name) {
+        match s.checkpoints.read(&name.file_name).await {
             Ok(entry) => {
                 status.latest = Some(summary(&entry));
                 break;
             }
-            Err(why) => status.unreadable.push((name.file_name.clone(), why)),
+            Err(why) => status.unreadable.push((name.file_name.clone(), why.kind.to_string())),
         }
     }
     status
@@ -321,6 +330,27 @@ pub fn summary(entry: &CheckpointEntry) -> CheckpointSummary {
                 (*subtask, list)
             })
             .collect(),
+    }
+}
+
+/// Who holds the pipeline's lock on the PostgreSQL store (its advisory
+/// lock), asked without taking it.
+async fn running_on_postgres(url: &str, pipeline: &str) -> Running {
+    let Ok(store) = exactly_store_postgres::PgCheckpointStore::new(url, pipeline, 1) else {
+        return Running {
+            locked: None,
+            holder: None,
+        };
+    };
+    match store.holder().await {
+        Ok(holder) => Running {
+            locked: Some(holder.is_some()),
+            holder,
+        },
+        Err(_) => Running {
+            locked: None,
+            holder: None,
+        },
     }
 }
 
@@ -370,7 +400,7 @@ pub fn render_text(r: &StatusReport) -> String {
         (Some(true), None) => "running: yes".into(),
         (Some(false), Some(h)) => format!("not running (last run: {h})"),
         (Some(false), None) => "not running".into(),
-        (None, _) => "running: unknown (no /proc/locks)".into(),
+        (None, _) => "running: unknown (no /proc/locks, or the store cannot be asked)".into(),
     };
     let _ = writeln!(out, "{running}");
     for s in &r.checkpoints {
@@ -405,6 +435,9 @@ pub fn render_text(r: &StatusReport) -> String {
         }
         if let Some(c) = s.committed_through {
             let _ = writeln!(out, "  committed through checkpoint {c}");
+        }
+        if let (Some(owner), Some(epoch)) = (&s.owner, s.epoch) {
+            let _ = writeln!(out, "  taken by {owner} (epoch {epoch})");
         }
     }
     match &r.prepared_transactions {

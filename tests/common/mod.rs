@@ -1,6 +1,7 @@
 //! Shared by the end-to-end tests: runs the real `exactly` binary on a pipeline
 //! file, optionally killing itself with SIGKILL at a crash point.
-#![allow(dead_code)]
+// `pub` is how the test files that share these helpers reach them.
+#![allow(dead_code, unreachable_pub)]
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -64,25 +65,26 @@ pub fn run_with_env(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> (ExitStatus, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
-    cmd.arg("run").arg(config).args(extra).env("RUST_LOG", "info");
-    cmd.env_remove("EXACTLY_CRASH_AT")
-        .env_remove("EXACTLY_DELAY_AT")
-        .env_remove(exactly::core::fault::FAIL_AT_ENV)
-        .env_remove(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV)
-        .envs(env.iter().copied());
+    let mut env: Vec<(&str, &str)> = env.to_vec();
     if let Some(point) = crash_at {
         // `<crash point>+<delay point>=<duration>`: the delay holds another
         // subtask back so the crash lands where its name says (see
         // TWO_PHASE_CRASH_CASES).
         match point.split_once('+') {
-            Some((crash, delay)) => cmd.env("EXACTLY_CRASH_AT", crash).env("EXACTLY_DELAY_AT", delay),
-            None => cmd.env("EXACTLY_CRASH_AT", point),
+            Some((crash, delay)) => env.extend([("EXACTLY_CRASH_AT", crash), ("EXACTLY_DELAY_AT", delay)]),
+            None => env.push(("EXACTLY_CRASH_AT", point)),
         };
     }
-    let out = cmd.output().expect("running the exactly binary");
-    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    // A crash point never reached (an unbounded source that caught up) or a
+    // run that stalls fails the test with its log instead of hanging it.
+    let (status, _, stderr) = wait(spawn_with(config, extra, &env), RUN_TIMEOUT);
+    (status, stderr)
 }
+
+/// How long [`run`] waits for a run to end (by itself or at its crash
+/// point) before it kills it and fails the test with the run's log: far
+/// above what any run of the suite takes on a loaded two-core machine.
+pub const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Runs the pipeline until it kills itself at `point` (see
 /// [`run_with_env`] for the `+<delay>` form), and checks from its log that
@@ -114,7 +116,7 @@ pub fn run_killed_within(config: &Path, point: &str, extra: &[&str], timeout: st
 
 /// Checks that a run ended by SIGKILL at `point` (and its subtask and hit),
 /// from its exit status and log.
-fn assert_killed_at(point: &str, status: ExitStatus, log: &str) {
+pub fn assert_killed_at(point: &str, status: ExitStatus, log: &str) {
     assert_eq!(
         status.signal(),
         Some(libc::SIGKILL),
@@ -229,6 +231,7 @@ pub fn spawn_with(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> Backgr
         .env_remove("EXACTLY_CRASH_AT")
         .env_remove("EXACTLY_DELAY_AT")
         .env_remove(exactly::core::fault::FAIL_AT_ENV)
+        .env_remove(exactly::core::fault::ABORT_PENDING_ON_RECOVER_ENV)
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -272,6 +275,47 @@ pub fn pipeline_header(name: &str, guarantee: &str, restart: &str) -> String {
     )
 }
 
+/// Writes `<dir>/<name>-<bounded>.toml`: pipeline `name` ([`pipeline_header`],
+/// exactly-once, fixed restarts every 200 ms up to 100 times) reading `topic`
+/// from its beginning — up to the end it has at start when `bounded` — then
+/// `sink`: the `[sink.…]` sections and whatever follows them.
+pub fn kafka_pipeline_file(
+    dir: &std::path::Path,
+    name: &str,
+    (bootstrap, topic): (&str, &str),
+    bounded: bool,
+    sink: &str,
+) -> std::path::PathBuf {
+    let file = dir.join(format!("{name}-{bounded}.toml"));
+    let header = pipeline_header(
+        name,
+        "exactly-once",
+        "strategy = \"fixed\"\ndelay = \"200ms\"\nmax_attempts = 100",
+    );
+    let text = format!(
+        "{header}\n[source.kafka]\nbootstrap = \"{bootstrap}\"\ntopic = \"{topic}\"\nstart = \"earliest\"\n\
+         stop_at_end = {bounded}\n\n{sink}"
+    );
+    std::fs::write(&file, text).expect("writing the pipeline file");
+    file
+}
+
+/// [`kafka_pipeline_file`] into PostgreSQL at `url`: `table` is the sink's
+/// `table` (a name, or a `${topic}` template) and `sink` the rest of the
+/// `[sink.postgres]` section — its other keys, its columns, and whatever
+/// follows (`[[transform]]`s).
+pub fn postgres_pipeline_file(
+    dir: &std::path::Path,
+    name: &str,
+    (bootstrap, topic): (&str, &str),
+    (url, table): (&str, &str),
+    bounded: bool,
+    sink: &str,
+) -> std::path::PathBuf {
+    let section = format!("[sink.postgres]\nurl = \"{url}\"\ntable = \"{table}\"\n{sink}");
+    kafka_pipeline_file(dir, name, (bootstrap, topic), bounded, &section)
+}
+
 /// The SIGKILL points every two-phase end-to-end matrix covers, by name: while
 /// writing, after pre-commit before the checkpoint is persisted, after it is
 /// persisted before the commit, between two subtasks' commits, and during
@@ -296,6 +340,22 @@ pub const TWO_PHASE_CRASH_CASES: &[(&str, &[&str])] = &[
         "during_recovery",
         &["coordinator.after_persist_pending:1", "recovery.after_commit:1"],
     ),
+];
+
+/// Every point of [`TWO_PHASE_CRASH_CASES`], one after the other on one
+/// pipeline: each run is killed at its point and the next recovers from
+/// what the kill left. For a feed that keeps trickling records until the
+/// test is done ([`orders::Feed::start_held`]): the points after a
+/// pre-commit, a persist listing transactions and a commit need intervals
+/// with records (a sink opens no transaction for an empty one), and every
+/// run gets some.
+pub const TWO_PHASE_CRASH_SEQUENCE: &[&str] = &[
+    "source.after_emit:40",
+    "sink.after_pre_commit:1",
+    "coordinator.after_persist_pending:1",
+    "sink.after_commit@0:1+sink.before_commit@1:1=3s",
+    "coordinator.after_persist_pending:1",
+    "recovery.after_commit:1",
 ];
 
 /// What an output holds compared with [`expected_values`].
@@ -351,6 +411,9 @@ pub fn file_sink_into(out: &Path) -> String {
 
 /// Kafka → PostgreSQL orders: topics, a feed, pipeline files, table checks.
 pub mod orders;
+
+/// `/metrics` and the health endpoints of a run.
+pub mod scrape;
 
 /// The folders of every checkpoint sequence of the pipeline whose folder is
 /// `pipeline_dir` (`<checkpoint dir>/<name>`): its `region-<i>` folders in
@@ -429,7 +492,6 @@ pub fn checkpoint_store_folders(checkpoints: &Path, name: &str) -> Vec<PathBuf> 
 /// The latest readable checkpoint entry of every checkpoint store of
 /// pipeline `name` under `checkpoints` (see [`checkpoint_store_folders`]).
 pub fn latest_entries(checkpoints: &Path, name: &str) -> Vec<exactly::core::CheckpointEntry> {
-    use exactly::core::CheckpointStore;
     checkpoint_store_folders(checkpoints, name)
         .into_iter()
         .filter_map(|folder| {

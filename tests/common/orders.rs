@@ -66,6 +66,13 @@ pub fn order(id: i64) -> ProduceRecord {
 /// Orders of a [`Feed`] per chunk, and the pause after each.
 pub const FEED_CHUNK: i64 = 50;
 pub const FEED_PAUSE: Duration = Duration::from_millis(25);
+/// The shortest pause after each order a held feed trickles
+/// ([`Feed::start_held`]); the pause is longer for a small count, so that
+/// the trickle lasts [`TRICKLE_LASTS`] at least.
+pub const TRICKLE_PAUSE: Duration = Duration::from_millis(50);
+/// How long a held feed's trickle lasts at least: far longer than any kill
+/// sequence of the suite on a loaded machine.
+pub const TRICKLE_LASTS: Duration = Duration::from_secs(180);
 
 /// Orders `0..count` produced into a new topic from a background thread,
 /// [`FEED_CHUNK`] at a time with [`FEED_PAUSE`] after each, by one
@@ -74,10 +81,53 @@ pub const FEED_PAUSE: Duration = Duration::from_millis(25);
 /// machine.
 pub struct Feed {
     thread: std::thread::JoinHandle<()>,
+    /// Held feeds trickle their second half until this is dropped.
+    gate: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Feed {
     pub fn start(bootstrap: &str, topic: &str, count: i64) -> Feed {
+        Feed::start_with(bootstrap, topic, count, order)
+    }
+
+    /// [`Feed::start`] that produces the first half of the orders, then
+    /// trickles the rest — one order at a time, for at least
+    /// [`TRICKLE_LASTS`] — until
+    /// [`Feed::finish`], and then produces what is left at full pace: the
+    /// topic is still being fed for as long as the test needs, however slow
+    /// the machine (a test asserting that something happened while the
+    /// input was incomplete cannot lose the race to the feed's end), and
+    /// every run of a pipeline keeps getting records (a kill point that
+    /// needs an interval with data still comes: a sink opens no
+    /// transaction for an empty interval).
+    pub fn start_held(bootstrap: &str, topic: &str, count: i64) -> Feed {
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let mut feed = Feed::start_gated(bootstrap, topic, count, order, Some((count / 2, held)));
+        feed.gate = Some(gate);
+        feed
+    }
+
+    /// [`Feed::start_held`] producing `make(i)` for `i` in `0..count`.
+    pub fn start_held_with(bootstrap: &str, topic: &str, count: i64, make: fn(i64) -> ProduceRecord) -> Feed {
+        let (gate, held) = std::sync::mpsc::channel::<()>();
+        let mut feed = Feed::start_gated(bootstrap, topic, count, make, Some((count / 2, held)));
+        feed.gate = Some(gate);
+        feed
+    }
+
+    /// [`Feed::start`] producing `make(i)` for `i` in `0..count` (each
+    /// names its partition; a `None` value is a tombstone).
+    pub fn start_with(bootstrap: &str, topic: &str, count: i64, make: fn(i64) -> ProduceRecord) -> Feed {
+        Feed::start_gated(bootstrap, topic, count, make, None)
+    }
+
+    fn start_gated(
+        bootstrap: &str,
+        topic: &str,
+        count: i64,
+        make: fn(i64) -> ProduceRecord,
+        hold: Option<(i64, std::sync::mpsc::Receiver<()>)>,
+    ) -> Feed {
         use rdkafka::producer::{FutureProducer, FutureRecord};
         current_thread_runtime().block_on(async {
             KafkaAdmin::new(bootstrap)
@@ -97,14 +147,51 @@ impl Feed {
         let topic = topic.to_string();
         let thread = std::thread::spawn(move || {
             current_thread_runtime().block_on(async {
-                for start in (0..count).step_by(FEED_CHUNK as usize) {
-                    let chunk: Vec<ProduceRecord> = (start..(start + FEED_CHUNK).min(count)).map(order).collect();
+                let trickled = hold.as_ref().map_or(1, |(at, _)| (count - at).max(1));
+                let trickle_pause = (TRICKLE_LASTS / trickled as u32).max(TRICKLE_PAUSE);
+                let mut hold = hold;
+                let mut start = 0;
+                while start < count {
+                    // Past the first half and the gate still up: one order
+                    // at a time (the gate drops in Feed::finish).
+                    let trickling = match &hold {
+                        Some((at, held)) if start >= *at => match held.try_recv() {
+                            Err(std::sync::mpsc::TryRecvError::Empty) => true,
+                            _ => {
+                                hold = None;
+                                false
+                            }
+                        },
+                        _ => false,
+                    };
+                    let mut end = (start + if trickling { 1 } else { FEED_CHUNK }).min(count);
+                    if let Some((at, _)) = &hold {
+                        if start < *at {
+                            end = end.min(*at);
+                        }
+                    }
+                    let chunk: Vec<ProduceRecord> = (start..end).map(make).collect();
+                    start = end;
                     let mut deliveries = Vec::with_capacity(chunk.len());
                     for record in &chunk {
-                        let message = FutureRecord::to(&topic)
-                            .key(record.key.as_deref().expect("orders have keys"))
-                            .payload(&record.value)
-                            .partition(record.partition.expect("orders name their partition"));
+                        let mut message = FutureRecord::<[u8], [u8]>::to(&topic)
+                            .key(record.key.as_deref().expect("fed records have keys"))
+                            .partition(record.partition.expect("fed records name their partition"));
+                        if let Some(value) = record.value.as_deref() {
+                            message = message.payload(value);
+                        }
+                        if !record.headers.is_empty() {
+                            let headers = record.headers.iter().fold(
+                                rdkafka::message::OwnedHeaders::new(),
+                                |headers, (key, value)| {
+                                    headers.insert(rdkafka::message::Header {
+                                        key,
+                                        value: value.as_deref(),
+                                    })
+                                },
+                            );
+                            message = message.headers(headers);
+                        }
                         let queued = producer.send_result(message).map_err(|(e, _)| e);
                         deliveries.push(queued.expect("queueing an order of the feed"));
                     }
@@ -112,11 +199,11 @@ impl Feed {
                         let delivered = delivery.await.expect("the feed's producer is alive");
                         delivered.map_err(|(e, _)| e).expect("delivering an order of the feed");
                     }
-                    tokio::time::sleep(FEED_PAUSE).await;
+                    tokio::time::sleep(if trickling { trickle_pause } else { FEED_PAUSE }).await;
                 }
             })
         });
-        Feed { thread }
+        Feed { thread, gate: None }
     }
 
     /// Whether orders are still being produced.
@@ -125,7 +212,8 @@ impl Feed {
     }
 
     /// Waits until every order is produced.
-    pub fn finish(self) {
+    pub fn finish(mut self) {
+        drop(self.gate.take());
         if let Err(panic) = self.thread.join() {
             std::panic::resume_unwind(panic);
         }

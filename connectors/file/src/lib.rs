@@ -62,10 +62,13 @@ pub use lock::lock_file_name;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FileFormat {
-    /// The raw value bytes followed by `\n`.
+    /// The raw value bytes followed by `\n`. A null value (a tombstone)
+    /// has no such form: it stops the pipeline with an error naming the
+    /// record and `json-lines`, never a line that reads as an empty value.
     #[default]
     Lines,
-    /// One JSON object per line: split, offset, key, value (UTF-8, lossy), timestamp.
+    /// One JSON object per line: split, offset, key, value (UTF-8, lossy;
+    /// `null` for a null value, `""` for an empty one), timestamp.
     JsonLines,
 }
 
@@ -77,21 +80,34 @@ impl FileFormat {
         }
     }
 
-    fn encode(self, record: &Record, out: &mut Vec<u8>) {
+    fn encode(self, record: &Record, out: &mut Vec<u8>) -> Result<(), ConnectorError> {
         match self {
-            FileFormat::Lines => out.extend_from_slice(&record.value),
+            FileFormat::Lines => {
+                let Some(value) = &record.value else {
+                    return Err(ConnectorError::fatal(
+                        "file sink",
+                        format!(
+                            "record {}@{} has a null value (a tombstone), which format `lines` cannot tell from an \
+                             empty line; set `format = \"json-lines\"` in [sink.file], which writes it as null",
+                            record.split, record.offset
+                        ),
+                    ));
+                };
+                out.extend_from_slice(value);
+            }
             FileFormat::JsonLines => {
                 let line = serde_json::json!({
                     "split": record.split,
                     "offset": record.offset,
                     "key": record.key.as_deref().map(String::from_utf8_lossy),
-                    "value": String::from_utf8_lossy(&record.value),
+                    "value": record.value.as_deref().map(String::from_utf8_lossy),
                     "timestamp_ms": record.timestamp_ms,
                 });
                 out.extend_from_slice(line.to_string().as_bytes());
             }
         }
         out.push(b'\n');
+        Ok(())
     }
 }
 
@@ -121,6 +137,12 @@ impl SinkFactory for FileSinkFactory {
 
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
         Ok(erase(FileSink::new(self.dir.clone(), self.format, &context)))
+    }
+
+    /// Lines are appended to the transaction's file as they come, keyed on
+    /// nothing: several records at one coordinate are several lines.
+    fn accepts_repeated_coordinates(&self) -> bool {
+        true
     }
 }
 
@@ -155,14 +177,14 @@ pub struct FileCommittable {
 }
 
 fn io_error(context: &str, path: &Path, e: std::io::Error) -> ConnectorError {
-    let message = format!("{}: {e}", path.display());
-    match e.kind() {
+    let error = match e.kind() {
         std::io::ErrorKind::PermissionDenied => ConnectorError::fatal(
             context,
-            format!("{message} (give the pipeline write access to the folder)"),
+            format!("{} (give the pipeline write access to the folder)", path.display()),
         ),
-        _ => ConnectorError::transient(context, message),
-    }
+        _ => ConnectorError::transient(context, path.display()),
+    };
+    error.caused_by(e)
 }
 
 impl FileSink {
@@ -317,7 +339,7 @@ impl TwoPhaseCommitSink for FileSink {
     async fn write(&mut self, txn: &mut PendingFile, batch: &[Record]) -> Result<(), ConnectorError> {
         txn.buffer.clear();
         for r in batch {
-            self.format.encode(r, &mut txn.buffer);
+            self.format.encode(r, &mut txn.buffer)?;
         }
         txn.file
             .write_all(&txn.buffer)
@@ -377,7 +399,7 @@ impl TwoPhaseCommitSink for FileSink {
         }
     }
 
-    /// From the committed files' names (see [`replay`]): `CommittedLater`
+    /// From the committed files' names (by the rules of the private `replay` module): `CommittedLater`
     /// when a committed file of this pipeline, of this subtask or one whose
     /// records it replays (`j % parallelism`, adopted ones included), holds
     /// a later checkpoint; `Unknown` when only a file named in the older
@@ -456,6 +478,16 @@ fn read_lines_where(dir: &Path, wanted: impl Fn(&str) -> bool) -> std::io::Resul
 mod tests {
     use super::*;
 
+    /// Checkpoints written earlier list committables of this form: it must
+    /// keep deserializing (docs/connectors.md, "Versioning a committable").
+    #[test]
+    fn the_committable_form_is_pinned() {
+        let text = r#"{"pending":".pending-exactly.p.00000.00000000000000000007","final_name":"part-00000-7.txt"}"#;
+        let c: FileCommittable = serde_json::from_str(text).unwrap();
+        assert_eq!(c.final_name, "part-00000-7.txt");
+        assert_eq!(serde_json::to_string(&c).unwrap(), text);
+    }
+
     /// Subtask `subtask` of pipeline `pipeline`, taking over `adopted`.
     fn sink_of(dir: &Path, pipeline: &str, subtask: usize, adopted: Vec<usize>) -> FileSink {
         let context = SinkContext::new(pipeline, subtask, 2, Default::default()).with_adopted(adopted);
@@ -498,6 +530,39 @@ mod tests {
         s.commit(&c).await.unwrap();
         s.commit(&c).await.unwrap();
         assert_eq!(read_committed_lines(dir.path()).unwrap(), vec!["v0", "v1", "v2"]);
+    }
+
+    #[test]
+    fn json_lines_write_a_null_value_as_null_and_an_empty_one_as_empty() {
+        let mut out = Vec::new();
+        FileFormat::JsonLines
+            .encode(&Record::tombstone("s", 0), &mut out)
+            .unwrap();
+        FileFormat::JsonLines
+            .encode(&Record::new("s", 1, ""), &mut out)
+            .unwrap();
+        let lines: Vec<serde_json::Value> = out
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["value"], serde_json::Value::Null);
+        assert_eq!(lines[1]["value"], serde_json::json!(""));
+    }
+
+    #[test]
+    fn lines_refuse_a_null_value_naming_the_record_and_the_format_that_keeps_it() {
+        let mut out = Vec::new();
+        let error = FileFormat::Lines
+            .encode(&Record::tombstone("orders-3", 17), &mut out)
+            .unwrap_err();
+        assert!(matches!(error, ConnectorError::Fatal { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.contains("orders-3@17") && message.contains("json-lines"),
+            "{message}"
+        );
+        assert!(out.is_empty(), "nothing written for it");
     }
 
     #[tokio::test]

@@ -50,21 +50,26 @@ pub struct ProduceRecord {
     pub partition: Option<i32>,
     /// Optional key.
     pub key: Option<Vec<u8>>,
-    /// Value bytes.
-    pub value: Vec<u8>,
+    /// Value bytes; `None` produces a null value (a tombstone).
+    pub value: Option<Vec<u8>>,
     /// Create time in Unix milliseconds; `None` = now.
     pub timestamp_ms: Option<i64>,
-    /// Headers, in order.
-    pub headers: Vec<(String, Vec<u8>)>,
+    /// Headers, in order; a `None` value is a null header value.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 impl ProduceRecord {
     /// A record with only a value.
     pub fn new(value: impl Into<Vec<u8>>) -> Self {
         ProduceRecord {
-            value: value.into(),
+            value: Some(value.into()),
             ..ProduceRecord::default()
         }
+    }
+
+    /// A record with a null value (a tombstone); give it a key.
+    pub fn tombstone() -> Self {
+        ProduceRecord::default()
     }
 
     /// Sends it to `partition`.
@@ -87,7 +92,13 @@ impl ProduceRecord {
 
     /// Adds a header.
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
-        self.headers.push((name.into(), value.into()));
+        self.headers.push((name.into(), Some(value.into())));
+        self
+    }
+
+    /// Adds a header with a null value.
+    pub fn with_null_header(mut self, name: impl Into<String>) -> Self {
+        self.headers.push((name.into(), None));
         self
     }
 }
@@ -143,12 +154,43 @@ impl KafkaAdmin {
     /// Creates `topic` with `partitions` partitions (replication factor 1) and
     /// waits until its metadata shows them. An existing topic is an error.
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), AdminError> {
+        self.create_topic_with(topic, partitions, &[]).await
+    }
+
+    /// Like [`create_topic`](Self::create_topic), with topic settings
+    /// (`[("cleanup.policy", "compact")]`).
+    pub async fn create_topic_with(
+        &self,
+        topic: &str,
+        partitions: i32,
+        settings: &[(&str, &str)],
+    ) -> Result<(), AdminError> {
         let action = format!("creating topic {topic} with {partitions} partitions");
         let (client, options) = self.admin_client(&action)?;
-        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let new = settings.iter().fold(
+            NewTopic::new(topic, partitions, TopicReplication::Fixed(1)),
+            |new, (key, value)| new.set(key, value),
+        );
         let results = client.create_topics([&new], &options).await;
         check_results(results).map_err(|e| self.error(&action, e))?;
         self.await_partitions(topic, partitions as usize, &action).await
+    }
+
+    /// Deletes `topic` and waits until its metadata no longer shows it (a
+    /// topic of the same name may be created again then).
+    pub async fn delete_topic(&self, topic: &str) -> Result<(), AdminError> {
+        let action = format!("deleting topic {topic}");
+        let (client, options) = self.admin_client(&action)?;
+        let results = client.delete_topics(&[topic], &options).await;
+        check_results(results).map_err(|e| self.error(&action, e))?;
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while !self.partitions(topic).await?.is_empty() {
+            if std::time::Instant::now() > deadline {
+                return Err(self.error(&action, "the topic is still in the metadata"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     /// Grows `topic` to `total` partitions (Kafka's CreatePartitions) and waits
@@ -224,7 +266,10 @@ impl KafkaAdmin {
             .map_err(|e| self.error(&action, e))?;
         let mut pending = Vec::new();
         for r in records {
-            let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(&r.value);
+            let mut record = FutureRecord::<[u8], [u8]>::to(topic);
+            if let Some(value) = &r.value {
+                record = record.payload(value);
+            }
             if let Some(key) = &r.key {
                 record = record.key(key);
             }
@@ -238,7 +283,7 @@ impl KafkaAdmin {
                 let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
                     h.insert(Header {
                         key,
-                        value: Some(value),
+                        value: value.as_deref(),
                     })
                 });
                 record = record.headers(headers);
@@ -353,18 +398,18 @@ impl KafkaAdmin {
     }
 }
 
-/// A consumed message as a [`Record`] of split `<topic>-<partition>` (a
-/// header without a value becomes an empty value).
+/// A consumed message as a [`Record`] of split `<topic>-<partition>`, null
+/// values (and null header values) kept null.
 fn record_of(message: &BorrowedMessage<'_>) -> Record {
     Record {
         split: split_name(message.topic(), message.partition()).into(),
         offset: message.offset(),
         key: message.key().map(Bytes::copy_from_slice),
-        value: message.payload().map(Bytes::copy_from_slice).unwrap_or_default(),
+        value: message.payload().map(Bytes::copy_from_slice),
         timestamp_ms: message.timestamp().to_millis(),
         headers: message.headers().map_or_else(Vec::new, |h| {
             h.iter()
-                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
                 .collect()
         }),
     }

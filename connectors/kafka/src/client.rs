@@ -1,9 +1,11 @@
 //! Glue between librdkafka and the sink's producers and the admin client:
 //! client settings, creation errors, log forwarding.
 
-use exactly_core::ConnectorError;
+use exactly_core::BoxError;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::KafkaError;
+
+use crate::properties::shown_value;
 
 /// librdkafka settings for `bootstrap` plus `properties`.
 pub(crate) fn client_config<'a>(
@@ -18,20 +20,21 @@ pub(crate) fn client_config<'a>(
     config
 }
 
-/// Turns a client creation failure into a fatal configuration error.
-pub(crate) fn creation_error(what: &str, error: KafkaError) -> ConnectorError {
-    let message = match &error {
-        KafkaError::ClientConfig(_, description, key, value) => {
-            let value = if crate::config::is_secret_property(key) {
-                "***"
-            } else {
-                value.as_str()
-            };
-            format!("librdkafka rejected the setting `{key}` = \"{value}\" ({description}); fix or remove it in `properties`")
-        }
-        other => other.to_string(),
-    };
-    ConnectorError::fatal(what, message)
+/// What to say about a client creation failure, and the cause to keep: a
+/// setting librdkafka rejected is named with its value redacted when it is
+/// a secret, and librdkafka's own error (which repeats the value) is then
+/// not kept; any other failure is kept as the cause.
+pub(crate) fn creation_problem(error: KafkaError) -> (String, Option<BoxError>) {
+    match &error {
+        KafkaError::ClientConfig(_, description, key, value) => (
+            format!(
+                "librdkafka rejected the setting `{key}` = \"{}\" ({description}); fix or remove it in `properties`",
+                shown_value(key, value)
+            ),
+            None,
+        ),
+        _ => ("librdkafka could not create the client".to_string(), Some(error.into())),
+    }
 }
 
 /// Forwards a librdkafka log line to `tracing`.

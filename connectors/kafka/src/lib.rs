@@ -53,71 +53,27 @@
 //!
 //! ## The sink
 //!
-//! Every sink subtask owns a fixed pool of `pool_size` transactional ids,
-//! `<prefix>-<subtask>-<slot>` (prefix `exactly-<pipeline>` unless
-//! `transactional_id_prefix` says otherwise), each with its own librdkafka
-//! producer. The set of ids a pipeline owns is known and never grows, so
-//! recovery can find every transaction a crash left behind.
-//!
-//! | step | what the sink does |
-//! |---|---|
-//! | `begin` | takes the next free slot (rotating) and begins a transaction there — lazily, on the first record of an interval, as the runtime calls it: beginning is local in librdkafka, an idle interval holds no transaction, and the broker's timeout starts with the data |
-//! | `write` | queues the records (key and value as configured; timestamp and headers kept) |
-//! | `pre_commit` | flushes, fails the checkpoint on any delivery error, checks librdkafka's statistics (same producer id and epoch, transaction still committable) and returns `{transactional_id, producer_id, epoch, checkpoint, topic}` |
-//! | `commit` | `commit_transaction` on the producer that still holds the transaction; otherwise EndTxn (`exactly_kafka_wire::end_txn`) as the recorded producer id and epoch |
-//! | `recover` | EndTxn-commits every listed transaction (never InitProducerId first: it would abort it), then initializes a producer for every pooled id the list does not name, which aborts what was left open there |
-//!
-//! EndTxn answers: `Ok` (also for an already committed transaction) is
-//! success; INVALID_TXN_STATE, PRODUCER_FENCED / INVALID_PRODUCER_EPOCH and
-//! INVALID_PRODUCER_ID_MAPPING mean the transaction is gone (it timed out, or
-//! another producer of the id fenced it): a
-//! [`DataLoss`](exactly_core::ConnectorError::DataLoss) naming the id and the
-//! checkpoint, or with `on_lost_transaction = "warn"` an error log and a
-//! count ([`KafkaSinkMetricsSnapshot::lost_transactions`]). Coordinator
-//! moves, loading coordinators, CONCURRENT_TRANSACTIONS and connections that
-//! are closed, refused or time out (a broker restarting) are retried with
-//! backoff for up to 60 s, then the attempt fails and the pipeline restarts
-//! and asks again: only an answer of the transaction coordinator decides
-//! that a transaction is gone. A pipeline stopped for longer than the
-//! brokers' `transactional.id.expiration.ms` restarts cleanly: the runtime
-//! records in the checkpoint folder when every sink has committed a
-//! checkpoint (`committed-through`), and the transactions of such a
-//! checkpoint are not asked about again. Before a new attempt's `recover`
-//! touches anything, it waits for the InitProducerId calls the failed
-//! attempt left running (a late one would fence the new producer of its id).
-//!
-//! **Why slots, and why one more than expected.** A pre-committed
-//! transaction stays open until its checkpoint completes while the next
-//! interval already writes, so a subtask needs at least two producers.
-//! A third is needed because a committed transaction's id is kept out of
-//! use until the next checkpoint completes: until then the latest persisted
-//! checkpoint still lists it, a recovery from it sends EndTxn with its
-//! producer id and epoch, and a new transaction on the same producer (same
-//! id and epoch) would be committed by that EndTxn. Each further slot rides
-//! out one more failed checkpoint in a row; when every slot is busy the next
-//! `begin` fails with an error that says so (the pipeline restarts). For the
-//! same reason `recover` does not initialize the listed ids: a second
-//! recovery from the same checkpoint must find them at the same epoch.
-//!
-//! **Guardrails.** At start, checkpoint settings under which a checkpoint
-//! could outlive its transactions are refused: `[checkpoint] interval` plus
-//! `timeout` must be at most half of `transaction_timeout` (default 15 min);
-//! the error names both keys and the values that would fit. While running,
-//! a transaction still open or waiting for its checkpoint after 80 % of
-//! `transaction_timeout` fails the attempt (a transient error), so recovery
-//! aborts and replays it before the broker would abort it. At `recover` the
-//! broker's `transaction.max.timeout.ms` (DescribeConfigs) is read and a
-//! larger `transaction_timeout` is refused. A warning says
-//! when `transaction_timeout` is less than 1.5 × (2 checkpoint intervals +
-//! `expected_restart_time`); the interval comes from
-//! [`KafkaSinkFactory::with_checkpoint_interval`], which the `exactly`
-//! command calls with `[checkpoint] interval`. Every pre-committed
-//! transaction older than `timeout_warning_share` of the timeout is warned
-//! about once.
-//!
-//! **Records.** A record whose key or value cannot be taken as configured (a
-//! JSON pointer into a value that is not JSON or lacks the field) stops the
-//! pipeline with a fatal error naming the record: nothing is dropped silently.
+//! Every checkpoint's records are one Kafka transaction per sink subtask,
+//! committed when the checkpoint completes. Each subtask owns a fixed pool
+//! of `pool_size` transactional ids, `<prefix>-<subtask>-<slot>` (prefix
+//! `exactly-<pipeline>` unless `transactional_id_prefix` says otherwise),
+//! each with its own librdkafka producer, so recovery can find every
+//! transaction a crash left behind. A pre-committed transaction's
+//! checkpoint records its transactional id, producer id and epoch; after a
+//! restart, recovery commits what the checkpoint lists with EndTxn as that
+//! producer (`exactly_kafka_wire`: librdkafka's only way back in,
+//! InitProducerId, would abort it) and aborts the rest by initializing the
+//! other ids. Only the transaction coordinator's answer decides that a
+//! transaction is lost (a [`DataLoss`](exactly_core::ConnectorError::DataLoss),
+//! or with `on_lost_transaction = "warn"` a counted error log); connection
+//! errors are retried. At start, a `transaction_timeout` above the
+//! brokers' `transaction.max.timeout.ms` and checkpoint settings under
+//! which a checkpoint could outlive its transactions are refused; while
+//! running, a transaction 80 % through its timeout fails the attempt so
+//! that recovery replays it in time. Records whose key or value cannot be
+//! taken as configured stop the run, or go to `dead_letter_topic` in the
+//! same transaction. The dataflow, what is retried and how each error is
+//! handled, with the reasons, are in [`sink`].
 //!
 //! **Brokers.** Apache Kafka; the tests run against Apache Kafka 4.1.1 (a
 //! single KRaft node started by exactly-testkit, or the cluster named by
@@ -129,9 +85,8 @@
 pub mod admin;
 mod client;
 mod config;
-mod producer;
-mod sink;
-mod sink_config;
+mod properties;
+pub mod sink;
 mod source;
 
 /// The raw protocol client the sink finishes transactions with; its
@@ -140,13 +95,14 @@ mod source;
 pub use exactly_kafka_wire as wire;
 
 pub use config::{
-    KafkaConfigError, KafkaSourceConfig, StartPosition, DEFAULT_PARTITION_DISCOVERY_INTERVAL, DEFAULT_STARTUP_TIMEOUT,
+    KafkaConfigError, KafkaSourceConfig, LogTruncation, StartPosition, Subscription, DEFAULT_MISSING_TOPIC_TIMEOUT,
+    DEFAULT_PARTITION_DISCOVERY_INTERVAL, DEFAULT_STARTUP_TIMEOUT,
 };
-pub use sink::{KafkaCommittable, KafkaSinkFactory, KafkaSinkMetricsSnapshot, KafkaTransaction};
-pub use sink_config::{
+pub use sink::config::{
     check_broker_timeout_limit, check_checkpoint_timing, needed_transaction_time, past_timeout_share,
     timeout_headroom_warning, KafkaSinkConfig, KeyFrom, OnLostTransaction, ValueFrom, ABORT_AHEAD_SHARE,
     CHECKPOINT_SHARE, DEFAULT_EXPECTED_RESTART_TIME, DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT_WARNING_SHARE,
     DEFAULT_TRANSACTION_TIMEOUT, MIN_POOL_SIZE,
 };
+pub use sink::{KafkaCommittable, KafkaSinkFactory, KafkaSinkMetricsSnapshot, KafkaTransaction};
 pub use source::{split_name, KafkaSourceFactory, KafkaSourceMetricsSnapshot};

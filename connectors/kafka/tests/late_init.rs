@@ -125,7 +125,7 @@ async fn an_initialization_left_by_a_failed_attempt_cannot_fence_the_next_one() 
         .await
         .expect("reading the topic")
         .into_iter()
-        .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
+        .map(|r| String::from_utf8(r.value.expect("a value").to_vec()).unwrap())
         .collect();
     let expected: BTreeSet<String> = (0..30).map(|i| format!("v-{i}")).collect();
     assert_eq!(committed, expected, "every checkpoint committed once");

@@ -399,3 +399,110 @@ async fn a_fenced_transaction_is_reported_as_lost() {
     assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
     assert_eq!(read.aborted_records, 4, "the fenced transaction was aborted");
 }
+
+/// KIP-360 on Apache Kafka: records of an open transaction time out while
+/// the broker is frozen, which makes the transaction abortable with an
+/// epoch bump; aborting it bumps the producer's epoch. The sink follows:
+/// when the pool comes back to that producer, its transaction is recorded
+/// with the new epoch (read from the records), pre-commits without a
+/// restart, and a recovery after a crash commits it with EndTxn. (Reading
+/// the epoch once, as the sink did from librdkafka's statistics, failed
+/// that pre-commit, or recorded the old epoch and lost the checkpoint at
+/// recovery.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_bumped_by_an_abort_is_followed_and_recovery_commits_with_it() {
+    init_tracing();
+    let mut kafka = KafkaBroker::start().expect("a broker of this test's own, to freeze");
+    let topic = unique("bumped-out");
+    exactly_kafka::admin::KafkaAdmin::new(kafka.bootstrap())
+        .create_topic(&topic, 2)
+        .await
+        .expect("create topic");
+    let prefix = unique("bumped");
+    let factory = config(kafka.bootstrap(), &topic, |config| {
+        config.transactional_id_prefix = Some(prefix.clone());
+        config.transaction_timeout = Duration::from_secs(60);
+        // Records not acknowledged within 4 s fail: with the broker frozen,
+        // the transaction becomes abortable and needs an epoch bump.
+        for (key, value) in [
+            ("message.timeout.ms", "4000"),
+            ("request.timeout.ms", "2000"),
+            ("socket.timeout.ms", "3000"),
+        ] {
+            config.properties.insert(key.into(), value.into());
+        }
+    });
+    let mut sink = recovered(&factory).await;
+    let mut committed = Vec::new();
+    let mut first_epochs = std::collections::BTreeMap::new();
+    for checkpoint in 1..=3 {
+        let range = checkpoint * 100..checkpoint * 100 + 10;
+        let value = pre_committed(&mut sink, checkpoint as u64, range.clone()).await;
+        sink.commit(&value).await.expect("commit");
+        let c = committable(&value);
+        first_epochs.insert(c.transactional_id.clone(), (c.producer_id, c.epoch));
+        committed.extend(range);
+    }
+    assert_eq!(first_epochs.len(), 3, "the pool rotates over its three ids");
+
+    // Checkpoint 4: a first batch, then the broker freezes and records are
+    // written until a write reports failed deliveries.
+    sink.write(CheckpointId(4), &records(400..410)).await.expect("write");
+    kafka.freeze().expect("freezing the broker");
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let mut next = 410;
+    let failure = loop {
+        match sink.write(CheckpointId(4), &records(next..next + 1)).await {
+            Err(error) => break error,
+            Ok(()) => next += 1,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no delivery failed within 90 s of the freeze"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(failure.is_retriable(), "{failure}");
+    kafka.thaw().expect("thawing the broker");
+    sink.abort()
+        .await
+        .expect("aborting the transaction bumps the producer's epoch");
+
+    // The pool comes back to the aborted producer within a rotation.
+    let mut bumped = None;
+    for checkpoint in 5..=10u64 {
+        let range = checkpoint as usize * 100..checkpoint as usize * 100 + 10;
+        let value = pre_committed(&mut sink, checkpoint, range.clone()).await;
+        let c = committable(&value);
+        let (producer_id, first_epoch) = first_epochs[&c.transactional_id];
+        assert_eq!(c.producer_id, producer_id, "{c:?}");
+        if c.epoch != first_epoch {
+            assert_eq!(c.epoch, first_epoch + 1, "one bump: {c:?}");
+            committed.extend(range);
+            bumped = Some(value);
+            break;
+        }
+        sink.commit(&value).await.expect("commit");
+        committed.extend(range);
+    }
+    let bumped = bumped.expect("the pool came back to the producer whose epoch was bumped");
+    assert_eq!(factory.metrics().epoch_bumps, 1);
+
+    // A crash before the commit: recovery commits it with EndTxn as the
+    // bumped epoch.
+    drop(sink);
+    recover(&factory, std::slice::from_ref(&bumped))
+        .await
+        .expect("EndTxn with the bumped epoch commits the transaction");
+    let read = WireClient::new(kafka.bootstrap())
+        .unwrap()
+        .read_topic_settled(&topic, SETTLE)
+        .await
+        .expect("read the topic");
+    assert!(read.open_transactions.is_empty(), "{:?}", read.open_transactions);
+    assert_eq!(
+        values(&read),
+        expected(committed),
+        "every committed transaction once, the aborted one not at all"
+    );
+}

@@ -214,10 +214,11 @@ fn clusters_in(positions: &SplitPositions) -> BTreeSet<String> {
         .collect()
 }
 
-/// `positions` without the entry naming the cluster: the offsets.
+/// `positions` without the facts recorded beside the offsets (the
+/// cluster, the topic's id, leader epochs): the offsets.
 fn offsets(positions: &SplitPositions) -> SplitPositions {
     let mut offsets = positions.clone();
-    offsets.0.retain(|split, _| !split.contains("@cluster:"));
+    offsets.0.retain(|split, _| !split.contains('@'));
     offsets
 }
 
@@ -227,7 +228,7 @@ fn values(records: &[Record]) -> Vec<String> {
     assert_eq!(ids.len(), records.len(), "a record was delivered twice");
     let mut v: Vec<String> = records
         .iter()
-        .map(|r| String::from_utf8_lossy(&r.value).into())
+        .map(|r| String::from_utf8_lossy(r.value.as_deref().expect("a value")).into())
         .collect();
     v.sort();
     v
@@ -262,7 +263,7 @@ async fn two_subtasks_read_every_record_once_with_its_metadata() {
     let records: Vec<Record> = read.iter().map(|(_, r)| r.clone()).collect();
     assert_eq!(values(&records), expected(0..90));
     for (subtask, r) in &read {
-        let value = String::from_utf8_lossy(&r.value);
+        let value = String::from_utf8_lossy(r.value.as_deref().expect("a value"));
         let i: usize = value.strip_prefix("v-").unwrap().parse().unwrap();
         let (topic, partition) = r.topic_partition().expect("split is <topic>-<partition>");
         assert_eq!(topic, fx.topic);
@@ -273,7 +274,7 @@ async fn two_subtasks_read_every_record_once_with_its_metadata() {
             "partition {partition} read by subtask {subtask}"
         );
         assert_eq!(r.key.as_deref(), Some(format!("k-{i}").as_bytes()));
-        assert_eq!(r.headers, vec![("i".to_string(), i.to_string().into_bytes())]);
+        assert_eq!(r.headers, vec![("i".to_string(), Some(i.to_string().into_bytes()))]);
         let ts = r.timestamp_ms.expect("timestamp");
         assert!(
             (produced_at - 60_000..produced_at + 60_000).contains(&ts),
@@ -684,4 +685,341 @@ async fn a_missing_topic_is_a_fatal_error_naming_it() {
         error.to_string().contains(&format!("topic `{topic}` does not exist")),
         "{error}"
     );
+}
+
+/// The id the brokers give `topic` now.
+async fn topic_id(fx: &Fixture) -> exactly_kafka_wire::TopicId {
+    let config = exactly_kafka_wire::WireConfig::new(fx.bootstrap()).expect("bootstrap");
+    let mut client = exactly_kafka_wire::ConsumerClient::new(config);
+    let metadata = client.topic_metadata(&fx.topic).await.expect("the topic's metadata");
+    metadata.topic_id.expect("Kafka 4 names topic ids")
+}
+
+/// Polls the subtasks until one fails; the error, or a panic after `within`.
+async fn first_error(sources: &mut [Box<dyn Source>], within: Duration) -> exactly_core::ConnectorError {
+    let deadline = Instant::now() + within;
+    loop {
+        assert!(Instant::now() < deadline, "no error within {within:?}");
+        for s in sources.iter_mut() {
+            if let Err(error) = s.poll(50).await {
+                return error;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_record_leader_epochs_and_the_topic_id_and_a_restore_checks_and_resumes_them() {
+    let fx = Fixture::new("epochs", 2).await;
+    fx.produce(0..20, 2).await;
+    let factory = fx.factory(|_| {});
+    let mut sources = subtasks(&factory, 1, None).await;
+    assert_eq!(values(&read(&mut sources, 20).await), expected(0..20));
+    let taken = positions(&mut sources);
+    for p in 0..2 {
+        let epoch = taken.get(&format!("{}-{p}@leader-epoch", fx.topic));
+        assert!(
+            epoch.is_some_and(|e| e >= 0),
+            "partition {p}'s position names the epoch of its last record: {taken:?}"
+        );
+    }
+    let id = topic_id(&fx).await;
+    assert_eq!(
+        taken.get(&format!("{}@topic-id:{id}", fx.topic)),
+        Some(0),
+        "the positions name the topic's id: {taken:?}"
+    );
+    drop(sources);
+
+    fx.produce(20..30, 2).await;
+    let mut again = subtasks(&factory, 1, Some(&taken)).await;
+    assert_eq!(
+        values(&read(&mut again, 10).await),
+        expected(20..30),
+        "the checked positions resume where they were"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_recreated_while_stopped_is_refused_naming_both_ids_unless_the_new_one_is_accepted() {
+    let fx = Fixture::new("recreated", 2).await;
+    fx.produce(0..10, 2).await;
+    let factory = fx.factory(|_| {});
+    let mut sources = subtasks(&factory, 1, None).await;
+    read(&mut sources, 10).await;
+    let taken = positions(&mut sources);
+    drop(sources);
+    let old = topic_id(&fx).await;
+
+    fx.admin.delete_topic(&fx.topic).await.expect("delete the topic");
+    fx.admin.create_topic(&fx.topic, 2).await.expect("create it again");
+    let records = (100..105).map(|i| ProduceRecord::new(format!("v-{i}")).to_partition(i % 2));
+    fx.admin.produce(&fx.topic, records).await.expect("produce");
+    let new = topic_id(&fx).await;
+    assert_ne!(old, new);
+
+    let error = factory
+        .create(0, 1)
+        .unwrap()
+        .restore(Some(&taken))
+        .await
+        .expect_err("offsets of the old topic");
+    assert!(!error.is_retriable(), "{error}");
+    let message = error.to_string();
+    for part in [old.to_string(), new.to_string(), format!("accept_topic_id = \"{new}\"")] {
+        assert!(message.contains(&part), "`{part}` missing from {message}");
+    }
+
+    let accepting = fx.factory(|c| c.accept_topic_id = Some(new.to_string()));
+    let mut sources = subtasks(&accepting, 1, Some(&taken)).await;
+    assert_eq!(
+        values(&read(&mut sources, 5).await),
+        expected(100..105),
+        "the new topic is read from its beginning"
+    );
+    let now = positions(&mut sources);
+    assert!(now.get(&format!("{}@topic-id:{new}", fx.topic)).is_some(), "{now:?}");
+    assert!(now.get(&format!("{}@topic-id:{old}", fx.topic)).is_none(), "{now:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_recreated_while_read_stops_the_source_naming_both_ids() {
+    let fx = Fixture::new("recreated-live", 2).await;
+    fx.produce(0..10, 2).await;
+    let factory = fx.factory(|_| {});
+    let mut sources = subtasks(&factory, 1, None).await;
+    read(&mut sources, 10).await;
+    let old = topic_id(&fx).await;
+    fx.admin.delete_topic(&fx.topic).await.expect("delete the topic");
+    fx.admin.create_topic(&fx.topic, 2).await.expect("create it again");
+    let new = topic_id(&fx).await;
+    let error = first_error(&mut sources, Duration::from_secs(60)).await;
+    assert!(!error.is_retriable(), "{error}");
+    let message = error.to_string();
+    for part in [
+        old.to_string(),
+        new.to_string(),
+        "deleted and created again".to_string(),
+        format!("accept_topic_id = \"{new}\""),
+    ] {
+        assert!(message.contains(&part), "`{part}` missing from {message}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_deleted_while_read_stops_the_source_after_the_missing_topic_timeout() {
+    let fx = Fixture::new("deleted", 2).await;
+    fx.produce(0..10, 2).await;
+    let factory = fx.factory(|c| c.missing_topic_timeout = Duration::from_secs(3));
+    let mut sources = subtasks(&factory, 1, None).await;
+    read(&mut sources, 10).await;
+    // The topic may go missing from the metadata before the deletion is
+    // confirmed: the timeout runs from the request on.
+    let deleted = Instant::now();
+    fx.admin.delete_topic(&fx.topic).await.expect("delete the topic");
+    let mut seen_missing = false;
+    let deadline = deleted + Duration::from_secs(60);
+    let error = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the source kept waiting for the deleted topic"
+        );
+        seen_missing |= !factory.metrics().missing_topics.is_empty();
+        if let Err(error) = sources[0].poll(50).await {
+            break error;
+        }
+    };
+    assert!(
+        deleted.elapsed() >= Duration::from_secs(3),
+        "not before the timeout: {:?}",
+        deleted.elapsed()
+    );
+    assert!(seen_missing, "the metric said the topic was missing while it waited");
+    assert!(!error.is_retriable(), "{error}");
+    let message = error.to_string();
+    for part in ["missing", "missing_topic_timeout", fx.topic.as_str()] {
+        assert!(message.contains(part), "`{part}` missing from {message}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_time_past_the_end_passes_over_older_records_until_one_at_or_after_it_even_across_a_restore() {
+    let fx = Fixture::new("time-past-end", 1).await;
+    let base = 1_700_000_000_000i64;
+    let at = |i: usize, ts: i64| ProduceRecord::new(format!("v-{i}")).to_partition(0).at(ts);
+    fx.admin
+        .produce(&fx.topic, (0..5).map(|i| at(i, base + i as i64)))
+        .await
+        .expect("produce");
+    let start = base + 100_000;
+    let factory = fx.factory(|c| c.start = StartPosition::Timestamp(start));
+    let mut sources = subtasks(&factory, 1, None).await;
+    // Older records written after the start: passed over.
+    fx.admin
+        .produce(&fx.topic, (5..8).map(|i| at(i, base + 50_000)))
+        .await
+        .expect("produce");
+    let nothing = read_until_quiet(&mut sources).await;
+    assert!(nothing.is_empty(), "records older than the start time: {nothing:?}");
+    let taken = positions(&mut sources);
+    assert_eq!(
+        taken.get(&format!("{}-0@from-ms", fx.topic)),
+        Some(start),
+        "the start time still waited for is in the positions: {taken:?}"
+    );
+    drop(sources);
+
+    // A restore from those positions keeps waiting for it.
+    let mut sources = subtasks(&factory, 1, Some(&taken)).await;
+    fx.admin
+        .produce(
+            &fx.topic,
+            [at(8, base + 60_000), at(9, start + 1), at(10, base + 70_000)],
+        )
+        .await
+        .expect("produce");
+    let read = read(&mut sources, 2).await;
+    assert_eq!(
+        values(&read),
+        ["v-10", "v-9"],
+        "from the first record at or after the time on, everything (offsets-for-times)"
+    );
+    let now = positions(&mut sources);
+    assert!(now.get(&format!("{}-0@from-ms", fx.topic)).is_none(), "{now:?}");
+}
+
+/// Polls for a while and returns what came.
+async fn read_until_quiet(sources: &mut [Box<dyn Source>]) -> Vec<Record> {
+    let mut out = Vec::new();
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let mut round = Vec::new();
+        poll_all(sources, 50, &mut round).await;
+        out.extend(round.into_iter().map(|(_, r)| r));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tombstones_and_null_header_values_stay_null_and_empty_ones_stay_empty() {
+    let fx = Fixture::new("nulls", 1).await;
+    let records = [
+        ProduceRecord::tombstone().with_key("gone").to_partition(0),
+        ProduceRecord::new("")
+            .with_key("empty")
+            .with_null_header("n")
+            .with_header("e", "")
+            .to_partition(0),
+    ];
+    fx.admin.produce(&fx.topic, records).await.expect("produce");
+    let mut sources = subtasks(&fx.factory(|_| {}), 1, None).await;
+    let read = read(&mut sources, 2).await;
+    let by_key = |k: &str| read.iter().find(|r| r.key.as_deref() == Some(k.as_bytes())).expect(k);
+    assert_eq!(by_key("gone").value, None, "a tombstone's value is null");
+    let empty = by_key("empty");
+    assert_eq!(empty.value.as_deref(), Some(&b""[..]), "an empty value is not null");
+    assert_eq!(
+        empty.headers,
+        vec![("n".to_string(), None), ("e".to_string(), Some(Vec::new()))]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_topics_are_read_each_once_spread_over_the_subtasks_and_resumed_where_they_were() {
+    init_tracing();
+    let broker = KafkaBroker::shared().expect("the shared Kafka broker");
+    let admin = KafkaAdmin::new(broker.bootstrap());
+    let base = unique("many");
+    let topics: Vec<String> = (0..3).map(|i| format!("{base}-t{i}")).collect();
+    for (i, topic) in topics.iter().enumerate() {
+        admin.create_topic(topic, i as i32 + 1).await.expect("create");
+        let records = (0..30).map(|n| ProduceRecord::new(format!("{topic}:{n}")).to_partition(n % (i as i32 + 1)));
+        admin.produce(topic, records).await.expect("produce");
+    }
+    let mut config = KafkaSourceConfig::new(broker.bootstrap(), "");
+    config.topics = topics.clone();
+    config.startup_timeout = Duration::from_secs(10);
+    let factory = KafkaSourceFactory::new("test", config).expect("valid");
+    let mut sources = subtasks(&factory, 2, None).await;
+    let taken_by = read_from(&mut sources, 90).await;
+    let by_subtask: BTreeSet<usize> = taken_by.iter().map(|(s, _)| *s).collect();
+    assert_eq!(by_subtask, [0, 1].into(), "both subtasks read");
+    let records: Vec<Record> = taken_by.into_iter().map(|(_, r)| r).collect();
+    let mut expected: Vec<String> = topics
+        .iter()
+        .flat_map(|t| (0..30).map(move |n| format!("{t}:{n}")))
+        .collect();
+    expected.sort();
+    assert_eq!(values(&records), expected, "every record of every topic, once");
+    let taken = positions(&mut sources);
+    for topic in &topics {
+        assert!(
+            taken.0.keys().any(|k| k.starts_with(&format!("{topic}@topic-id:"))),
+            "{topic}'s id recorded: {taken:?}"
+        );
+    }
+    drop(sources);
+
+    for topic in &topics {
+        admin
+            .produce(
+                topic,
+                (30..35).map(|n| ProduceRecord::new(format!("{topic}:{n}")).to_partition(0)),
+            )
+            .await
+            .expect("produce");
+    }
+    let mut again = subtasks(&factory, 2, Some(&taken)).await;
+    let mut expected: Vec<String> = topics
+        .iter()
+        .flat_map(|t| (30..35).map(move |n| format!("{t}:{n}")))
+        .collect();
+    expected.sort();
+    assert_eq!(values(&read(&mut again, 15).await), expected, "resumed where each was");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_regex_reads_matching_topics_and_picks_up_one_created_while_running_from_its_beginning() {
+    init_tracing();
+    let broker = KafkaBroker::shared().expect("the shared Kafka broker");
+    let admin = KafkaAdmin::new(broker.bootstrap());
+    let base = unique("rx");
+    for topic in [format!("{base}-a"), format!("{base}-b"), format!("{base}x-other")] {
+        admin.create_topic(&topic, 2).await.expect("create");
+        let records = (0..10).map(|n| ProduceRecord::new(format!("{topic}:{n}")).to_partition(n % 2));
+        admin.produce(&topic, records).await.expect("produce");
+    }
+    let mut config = KafkaSourceConfig::new(broker.bootstrap(), "");
+    config.topic_regex = Some(format!("{base}-.*"));
+    config.startup_timeout = Duration::from_secs(10);
+    config.partition_discovery_interval = Duration::from_millis(300);
+    let factory = KafkaSourceFactory::new("test", config).expect("valid");
+    let mut sources = subtasks(&factory, 2, None).await;
+    let first = read(&mut sources, 20).await;
+    let mut expected: Vec<String> = ["a", "b"]
+        .iter()
+        .flat_map(|t| {
+            let base = base.clone();
+            (0..10).map(move |n| format!("{base}-{t}:{n}"))
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(values(&first), expected, "the matching topics only");
+
+    // Created and written while the pipeline runs: read from its beginning.
+    let late = format!("{base}-c");
+    admin.create_topic(&late, 3).await.expect("create");
+    admin
+        .produce(
+            &late,
+            (0..12).map(|n| ProduceRecord::new(format!("{late}:{n}")).to_partition(n % 3)),
+        )
+        .await
+        .expect("produce");
+    let later = read(&mut sources, 12).await;
+    let mut expected: Vec<String> = (0..12).map(|n| format!("{late}:{n}")).collect();
+    expected.sort();
+    assert_eq!(values(&later), expected, "the new topic, whole, once");
+    let taken = positions(&mut sources);
+    assert!(taken.get(&format!("{late}-2")).is_some(), "{taken:?}");
 }

@@ -11,7 +11,7 @@
 //! Modes `upsert` and `fenced` are for servers without prepared transactions
 //! (many managed PostgreSQL services have `max_prepared_transactions = 0`);
 //! [`PostgresSinkFactory`] drives them through the core's
-//! [`ReplaySafe`] and [`Fenced`] adapters. All modes share the column
+//! [`ReplaySafe`](exactly_core::ReplaySafe) and [`Fenced`](exactly_core::Fenced) adapters. All modes share the column
 //! mapping, the conversions and the dead-letter table described below.
 //!
 //! ## Mode `two-phase`
@@ -31,13 +31,13 @@
 //! with a hash past PostgreSQL's 199 bytes, see [`gid_prefix`]). `commit` is
 //! idempotent: when the gid is no longer prepared, the marker row written
 //! inside the transaction tells whether it was committed (success) or rolled
-//! back behind the pipeline's back ([`ConnectorError::DataLoss`]). Markers
+//! back behind the pipeline's back ([`ConnectorError::DataLoss`](exactly_core::ConnectorError::DataLoss)). Markers
 //! older than `commit_log_retention` are deleted once no checkpoint the
 //! pipeline may restore lists them any more (the rule and its limits are in
-//! the source's `markers.rs`).
+//! the source's `two_phase/markers.rs`).
 //!
 //! After a lowering of the parallelism a subtask also recovers the old
-//! subtasks it adopts ([`SinkContext::adopted`]): their listed transactions
+//! subtasks it adopts ([`SinkContext::adopted`](exactly_core::SinkContext::adopted)): their listed transactions
 //! are committed, the rest rolled back, their staged rows merged; and so are
 //! the prepared transactions of subtasks above the parallelism that no
 //! restorable checkpoint lists (left by an attempt at a higher parallelism
@@ -67,8 +67,9 @@
 //! ## Rows
 //!
 //! Each configured column takes its value from the record (`topic`,
-//! `partition`, `offset`, `key`, `timestamp`, `headers`, `value`) or from a
-//! JSON pointer into the value (`/customer/name`), converted to the column
+//! `partition`, `offset`, `key`, `timestamp`, `headers`, `value`), from a
+//! JSON pointer into the value (`/customer/name`) or into the key
+//! (`key/id`), converted to the column
 //! type in Rust before the COPY: a record that does not fit (invalid JSON, a
 //! missing required field, `"abc"` for a bigint, a number too large for the
 //! column's `numeric(p, s)` or `varchar(n)`) goes to the dead-letter table,
@@ -117,6 +118,58 @@
 //! In both modes the dead-letter rows have `checkpoint` 0: the records are
 //! written before the checkpoint's id is known.
 //!
+//! ## A table per topic
+//!
+//! In mode `two-phase`, `table` may hold `${topic}` (replaced by each
+//! record's topic, as one identifier part) and `tables` maps topics to
+//! tables. Each table is prepared (created with `create_table`, checked)
+//! when its first record comes, with its own dead-letter and staging
+//! tables; all tables of a subtask's interval are in its one prepared
+//! transaction, and the committable lists the tables whose staged rows its
+//! commit merges. Topics that would make names PostgreSQL cuts, or names of
+//! the sink's own tables, are fatal errors naming the fix.
+//!
+//! ## Keys and deletes
+//!
+//! `pk.mode` and `pk.fields` name the primary key as Kafka Connect's JDBC
+//! sink does ([`PrimaryKey`]): `record_key` (fields of a JSON-object key, or
+//! the whole key for one field when it is not an object), `record_value`
+//! (fields of the value) or `kafka` (topic, partition, offset; columns
+//! `__connect_topic`, `__connect_partition`, `__connect_offset` unless named).
+//! A key column's `from` is left out: the mode gives it. Rows are then
+//! upserted on the key in every mode, as with `upsert_key`.
+//!
+//! `delete.enabled = true` (a key from the record key) makes a tombstone —
+//! a record with a null value — delete the row of its key; several changes
+//! to one key in one batch, or in mode `two-phase` one checkpoint interval,
+//! apply in offset order (the last one per key wins, a delete too: one
+//! statement deletes the keys whose last change is a delete and upserts the
+//! others). Without it a tombstone is a dead letter (`on_tombstone =
+//! "dead-letter"`, the default) or written as a row with NULL where the
+//! value was (`on_tombstone = "write"`), never silently.
+//!
+//! ## Rows the server refuses
+//!
+//! By default a row that breaks a constraint of the table stops the
+//! pipeline with the server's error, which names the constraint. With
+//! `on_rejected_row = "dead-letter"`, a row refused with SQLSTATE class 22
+//! (data exception) or 23 (integrity constraint violation) goes to the
+//! dead-letter table with the server's message, in the same transaction,
+//! counted, and the other rows are written once: the refused batch is
+//! written again in parts, each in a savepoint (or a statement) of its own,
+//! until the refused rows are found (see the source's `conn/reject.rs`; a
+//! COPY's error names the row, which saves most of the attempts). In mode
+//! `two-phase` the COPY of rows that stays open across batches starts in a
+//! savepoint and the sink keeps the records of its rows until it ends; with
+//! a key, the target's constraints are met at the merge after `COMMIT
+//! PREPARED`, which then merges in ranges and moves a refused staged row
+//! (the staging table keeps each row's record for this) to the dead-letter
+//! table in one transaction. A row superseded by a later one of the same key
+//! in the same batch or interval is not written, so not checked either.
+//! Each savepoint with writes takes a subtransaction id; a transaction with
+//! many isolated refusals may go past PostgreSQL's cache of 64, which slows
+//! other sessions' snapshots while it is open.
+//!
 //! ## Server requirements
 //!
 //! PostgreSQL 12 or newer; mode `two-phase` needs `max_prepared_transactions
@@ -135,184 +188,53 @@
 //! `~/.pgpass`) are used. An untrusted or misnamed certificate, a server
 //! that requires TLS reached without it, and a wrong or missing password
 //! are fatal errors naming the setting to fix.
+//!
+//! ## Source layout
+//!
+//! One folder per layer; each depends only on the ones above it:
+//!
+//! ```text
+//! sql.rs        quoting names
+//! url.rs        the connection string as libpq reads it (TLS keys, passwords)
+//! config.rs     [sink.postgres]: the settings and their checks
+//! rows/         records → rows → binary COPY bytes, and dead-letter rows: pure, no connection
+//! conn/         TLS, connecting, subtask locks, COPY and batch statements, and what the server's
+//!               errors mean
+//! tables/       creating and checking the tables; the statements every write runs
+//! two_phase/    mode `two-phase`: the sink, its write and commit connections, recovery, gids
+//! replay_safe/  modes `upsert` and `fenced`
+//! factory.rs    the sink of the configured mode for each subtask
+//! ```
 
 #![warn(missing_docs)]
 
 mod config;
-mod convert;
-pub mod copy;
-mod error;
-mod gid;
-mod idempotent;
-mod io_faults;
-mod lock;
-mod markers;
-mod numeric;
-mod recover;
-mod schema;
-mod sink;
+mod conn;
+mod factory;
+mod replay_safe;
+mod rows;
 mod sql;
-mod status;
-mod tls;
-mod write;
-
-use std::sync::Arc;
-
-use exactly_core::{
-    erase, ConnectorError, ErasedSink, Fenced, FencedSinkFactory, IdempotentSinkFactory, ReplaySafe, SinkContext,
-    SinkFactory,
-};
+mod tables;
+mod two_phase;
+mod url;
 
 pub use config::{
-    ColumnConfig, ColumnType, Columns, FieldSource, PostgresSinkConfig, SinkMode, DEAD_LETTER_SUFFIX,
-    DEFAULT_COMMIT_LOG_TABLE, DEFAULT_POSITIONS_TABLE, STAGING_SUFFIX,
+    ColumnConfig, ColumnType, Columns, Deletes, FieldSource, Format, OnRejectedRow, OnTombstone, PkMode,
+    PostgresSinkConfig, PrimaryKey, RegistryConfig, SchemaEvolution, SinkMode, DEAD_LETTER_SUFFIX,
+    DEFAULT_COMMIT_LOG_TABLE, DEFAULT_POSITIONS_TABLE, KAFKA_PK_FIELDS, STAGING_SUFFIX,
 };
-pub use gid::{gid, gid_prefix, MAX_GID_BYTES};
-pub use idempotent::{PostgresFencedSink, PostgresUpsertSink};
-pub use sink::{PostgresCommittable, PostgresSink, PostgresTransaction};
+pub use factory::PostgresSinkFactory;
 
-/// Creates the sink subtasks of the configured mode from a checked
-/// [`PostgresSinkConfig`].
-#[derive(Clone, Debug)]
-pub struct PostgresSinkFactory {
-    config: PostgresSinkConfig,
-    settings: Arc<config::Settings>,
-}
+/// A record carrying this header goes to the table its value resolves to
+/// (through `tables`, then the `${topic}` template of `table`) instead of
+/// its topic's: what the `exactly` command's `route` transform sets from
+/// a field of the value. Without a table per topic the header is ignored.
+pub const ROUTE_HEADER: &str = "exactly.route";
+pub use replay_safe::{PostgresFencedSink, PostgresUpsertSink};
+pub use two_phase::gid::{gid, gid_prefix, MAX_GID_BYTES};
+pub use two_phase::{PostgresCommittable, PostgresSink, PostgresTransaction};
 
-impl PostgresSinkFactory {
-    /// Checks the configuration (without connecting).
-    ///
-    /// Errors: [`ConnectorError::Fatal`] naming the key (`sink.postgres.<key>`)
-    /// and the fix.
-    pub fn new(config: PostgresSinkConfig) -> Result<Self, ConnectorError> {
-        let settings = Arc::new(config.settings()?);
-        Ok(PostgresSinkFactory { config, settings })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &PostgresSinkConfig {
-        &self.config
-    }
-
-    /// The configured mode.
-    pub fn mode(&self) -> SinkMode {
-        self.settings.mode
-    }
-
-    /// Mode `two-phase`: the typed sink of one subtask (what
-    /// [`SinkFactory::create`] erases). It connects in
-    /// [`recover`](exactly_core::TwoPhaseCommitSink::recover), which refuses
-    /// other modes.
-    pub fn create_sink(&self, context: SinkContext) -> PostgresSink {
-        PostgresSink::new(self.settings.clone(), context)
-    }
-
-    /// Mode `upsert`: the typed sink of one subtask (what
-    /// [`SinkFactory::create`] wraps in [`ReplaySafe`]). It connects in
-    /// [`open`](exactly_core::IdempotentSink::open).
-    pub fn create_upsert_sink(&self, context: &SinkContext) -> Result<PostgresUpsertSink, ConnectorError> {
-        self.require_mode(SinkMode::Upsert)?;
-        Ok(PostgresUpsertSink::new(self.subtask(context)))
-    }
-
-    /// Mode `fenced`: the typed sink of one subtask (what
-    /// [`SinkFactory::create`] wraps in [`Fenced`]), with the scope
-    /// [`fence_scope`](Self::fence_scope). It connects and reads its positions
-    /// in [`open`](exactly_core::FencedSink::open).
-    pub fn create_fenced_sink(&self, context: &SinkContext) -> Result<PostgresFencedSink, ConnectorError> {
-        self.require_mode(SinkMode::Fenced)?;
-        Ok(PostgresFencedSink::new(
-            self.subtask(context),
-            self.fence_scope(&context.pipeline),
-        ))
-    }
-
-    /// Mode `fenced`: the scope of the pipeline's rows in the positions
-    /// table, `<pipeline>/postgres:<table>` — what [`Fenced`] passes to
-    /// [`write_fenced`](exactly_core::FencedSink::write_fenced).
-    pub fn fence_scope(&self, pipeline: &str) -> String {
-        format!("{pipeline}/{}", self.fence_identity())
-    }
-
-    /// `postgres:<table>`: the fence scope is about what the table holds, so
-    /// it leaves out the column mapping and the other settings in
-    /// [`identity`](SinkFactory::identity).
-    fn fence_identity(&self) -> String {
-        format!("postgres:{}", self.settings.table_label)
-    }
-
-    fn subtask(&self, context: &SinkContext) -> write::Subtask {
-        write::Subtask {
-            settings: self.settings.clone(),
-            context: context.clone(),
-        }
-    }
-
-    fn require_mode(&self, mode: SinkMode) -> Result<(), ConnectorError> {
-        if self.settings.mode == mode {
-            return Ok(());
-        }
-        Err(ConnectorError::fatal(
-            "postgres sink",
-            format!(
-                "the sink of mode \"{}\" was asked for, but sink.postgres.mode is \"{}\". Fix: use \
-                 PostgresSinkFactory::create, which picks the mode's sink",
-                mode.as_str(),
-                self.settings.mode.as_str()
-            ),
-        ))
-    }
-}
-
-/// Mode `upsert` as the core's [`ReplaySafe`] adapter sees it.
-struct UpsertMode(PostgresSinkFactory);
-
-impl IdempotentSinkFactory for UpsertMode {
-    type Sink = PostgresUpsertSink;
-    fn identity(&self) -> String {
-        self.0.identity()
-    }
-    fn create(&self, context: SinkContext) -> Result<PostgresUpsertSink, ConnectorError> {
-        self.0.create_upsert_sink(&context)
-    }
-}
-
-/// Mode `fenced` as the core's [`Fenced`] adapter sees it: its identity is
-/// the fence scope's (see [`PostgresSinkFactory::fence_scope`]).
-struct FencedMode(PostgresSinkFactory);
-
-impl FencedSinkFactory for FencedMode {
-    type Sink = PostgresFencedSink;
-    fn identity(&self) -> String {
-        self.0.fence_identity()
-    }
-    fn create(&self, context: SinkContext) -> Result<PostgresFencedSink, ConnectorError> {
-        self.0.create_fenced_sink(&context)
-    }
-}
-
-impl SinkFactory for PostgresSinkFactory {
-    /// `postgres:table=...,columns=[...],mode=...` plus the upsert key and
-    /// the commit-log or positions table: the settings that affect what the
-    /// sink has written and where its markers are. The URL is not part of it.
-    fn identity(&self) -> String {
-        self.config.identity()
-    }
-
-    /// The sink of the configured mode: [`PostgresSink`] (`two-phase`),
-    /// [`PostgresUpsertSink`] through [`ReplaySafe`] (`upsert`) or
-    /// [`PostgresFencedSink`] through [`Fenced`] (`fenced`).
-    fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
-        match self.settings.mode {
-            SinkMode::TwoPhase => Ok(erase(self.create_sink(context))),
-            SinkMode::Upsert => ReplaySafe(UpsertMode(self.clone())).create(context),
-            SinkMode::Fenced => Fenced(FencedMode(self.clone())).create(context),
-        }
-    }
-
-    /// The pipeline's prepared transactions of the table, from
-    /// `pg_prepared_xacts` (none in modes `upsert` and `fenced`).
-    fn prepared_transactions<'a>(&'a self, pipeline: &'a str) -> exactly_core::PreparedTransactionsFuture<'a> {
-        Box::pin(async move { self.prepared_transactions_of(pipeline).await.map(Some) })
-    }
+/// Binary `COPY ... FROM STDIN` in large messages (see [`BinaryCopy`](copy::BinaryCopy)).
+pub mod copy {
+    pub use crate::conn::copy::{BinaryCopy, CopyError, CHUNK_BYTES};
 }

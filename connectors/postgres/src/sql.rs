@@ -33,7 +33,7 @@ pub(crate) struct QualifiedName {
 impl QualifiedName {
     /// Parses `name`, `schema.name`, with `"..."` around parts that contain dots
     /// (`""` inside quotes is one `"`).
-    pub fn parse(text: &str) -> Result<QualifiedName, String> {
+    pub(crate) fn parse(text: &str) -> Result<QualifiedName, String> {
         let mut parts: Vec<String> = Vec::new();
         let mut current = String::new();
         let mut chars = text.chars().peekable();
@@ -86,7 +86,7 @@ impl QualifiedName {
     }
 
     /// The same schema, `name` + `suffix`.
-    pub fn with_suffix(&self, suffix: &str) -> QualifiedName {
+    pub(crate) fn with_suffix(&self, suffix: &str) -> QualifiedName {
         QualifiedName {
             schema: self.schema.clone(),
             name: format!("{}{suffix}", self.name),
@@ -94,7 +94,7 @@ impl QualifiedName {
     }
 
     /// The quoted form for SQL: `"schema"."name"`.
-    pub fn sql(&self) -> String {
+    pub(crate) fn sql(&self) -> String {
         match &self.schema {
             Some(schema) => format!("{}.{}", quote_ident(schema), quote_ident(&self.name)),
             None => quote_ident(&self.name),
@@ -103,7 +103,7 @@ impl QualifiedName {
 
     /// A quoted index name derived from the table name (indexes live in the
     /// table's schema).
-    pub fn index_name(&self, suffix: &str) -> String {
+    pub(crate) fn index_name(&self, suffix: &str) -> String {
         quote_ident(&format!("{}{suffix}", self.name))
     }
 }

@@ -102,6 +102,38 @@ async fn upsert_mode_keeps_one_row_per_key_with_the_latest_value_across_replays(
 }
 
 #[tokio::test]
+async fn upsert_mode_keys_rows_by_a_uuid_and_writes_dates() {
+    let f = Fixture::new(
+        "uuid_keyed",
+        r#"mode = "upsert"
+upsert_key = ["ref"]
+create_table = true
+[sink.postgres.columns]
+ref = { from = "/ref", type = "uuid" }
+day = { from = "/day", type = "date" }
+"#,
+    )
+    .await;
+    let a = "0b5e4f1c-93a2-4f8e-b1c3-5d2e7f9a0c11";
+    let b = "7d9c2e4a-1f3b-4a6c-8e5d-2b4f6a8c0e13";
+    let change = |offset: i64, id: &str, day: &str| record(0, offset, &format!(r#"{{"ref":"{id}","day":"{day}"}}"#));
+    let mut sink = erased(&f.config, &f.pipeline).await;
+    let batch = vec![
+        change(0, a, "2024-01-01"),
+        change(1, b, "2024-01-02"),
+        // The same key in upper case: one UUID, the later day wins.
+        change(2, &a.to_uppercase(), "2024-03-31"),
+    ];
+    interval(&mut sink, 1, &[batch]).await;
+    let rows: Vec<String> = column(
+        &f.db,
+        &format!("SELECT ref::text || ' ' || day::text FROM \"{}\" ORDER BY ref", f.table),
+    )
+    .await;
+    assert_eq!(rows, [format!("{a} 2024-03-31"), format!("{b} 2024-01-02")]);
+}
+
+#[tokio::test]
 async fn upsert_mode_counts_dead_letters_and_needs_a_unique_key() {
     let f = Fixture::new("kv", &kv_in("upsert")).await;
     let factory = PostgresSinkFactory::new(f.config.clone()).unwrap();

@@ -160,6 +160,7 @@ async fn a_vanished_gid_is_success_with_its_marker_and_data_loss_without() {
         gid: format!("{}99", sink.gid_prefix()),
         checkpoint: CheckpointId(99),
         subtask: 0,
+        tables: Vec::new(),
     };
     assert!(matches!(
         sink.commit(&never).await,
@@ -254,7 +255,10 @@ note = { from = "/note", type = "text", required = false }
         "small":-3,"created":"2024-05-01T12:30:00+02:00","tags":["a",{"b":1}]}"#;
     let mut first = record(3, 42, value).with_key("k1");
     first.timestamp_ms = Some(1_700_000_000_123);
-    first.headers = vec![("trace".into(), b"abc".to_vec()), ("bin".into(), vec![0, 255])];
+    first.headers = vec![
+        ("trace".into(), Some(b"abc".to_vec())),
+        ("bin".into(), Some(vec![0, 255])),
+    ];
     let c = prepare(&mut sink, 1, &[vec![first]]).await;
     sink.commit(&c).await.unwrap();
 
@@ -398,6 +402,138 @@ name = { from = "/name", type = "text" }
         assert!(row.get::<_, bool>(10));
     }
     assert_eq!(metrics.snapshot().dead_letters, 4);
+}
+
+#[tokio::test]
+async fn a_varchar_n_array_element_past_its_limit_is_a_dead_letter_not_a_failed_copy() {
+    let f = Fixture::new(
+        "vararr",
+        r#"
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+codes = { from = "/codes", type = "varchar[]" }
+"#,
+    )
+    .await;
+    f.db.batch_execute(&format!("CREATE TABLE \"{}\" (id bigint, codes varchar(3)[])", f.table))
+        .await
+        .unwrap();
+    let (mut sink, metrics) = f.recovered(0, &[]).await;
+    let records = vec![
+        record(0, 0, r#"{"id":1,"codes":["abc","x",null]}"#),
+        record(0, 1, r#"{"id":2,"codes":["ab","abcd"]}"#),
+        record(0, 2, r#"{"id":3,"codes":[]}"#),
+    ];
+    let c = prepare(&mut sink, 1, &[records]).await;
+    sink.commit(&c).await.unwrap();
+    let ids: Vec<i64> = column(&f.db, &format!("SELECT id FROM \"{}\" ORDER BY id", f.table)).await;
+    assert_eq!(
+        ids,
+        [1, 3],
+        "the record whose element is too long is a dead letter; the others land"
+    );
+    let error: String = column(&f.db, &format!("SELECT error FROM \"{}_dead_letters\"", f.table))
+        .await
+        .remove(0);
+    assert!(
+        error.contains("codes") && error.contains("an element of 4 characters") && error.contains("limit of 3"),
+        "{error}"
+    );
+    assert_eq!(metrics.snapshot().dead_letters, 1);
+}
+#[tokio::test]
+async fn uuid_date_array_and_header_columns_round_trip_and_a_bad_element_is_a_dead_letter() {
+    let f = Fixture::new(
+        "typed",
+        r#"
+create_table = true
+[sink.postgres.columns]
+id = { from = "/id", type = "bigint" }
+ref = { from = "/ref", type = "uuid" }
+day = { from = "/day", type = "date" }
+epoch_day = { from = "/epoch_day", type = "date" }
+tags = { from = "/tags", type = "text[]", required = false }
+counts = { from = "/counts", type = "bigint[]", required = false }
+trace = { from = "header/trace", type = "text", required = false }
+attempt = { from = "header/attempt", type = "int", required = false }
+"#,
+    )
+    .await;
+    let (mut sink, metrics) = f.recovered(0, &[]).await;
+    let good = r#"{"id":1,"ref":"8F0C4A52-1A3B-4C5D-9E6F-0A1B2C3D4E5F","day":"2024-02-29","epoch_day":19782,
+        "tags":["a","b \"quoted\" , {x}",null,"\\"],"counts":[1,null,-9223372036854775808]}"#;
+    let empty = r#"{"id":2,"ref":"00000000000000000000000000000000","day":"1970-01-01","epoch_day":0,"tags":[]}"#;
+    let bad =
+        r#"{"id":3,"ref":"8f0c4a52-1a3b-4c5d-9e6f-0a1b2c3d4e5f","day":"2024-01-01","epoch_day":1,"counts":[1,"x"]}"#;
+    let mut good = record(0, 0, good);
+    // Kafka allows a header name twice: the last one counts.
+    good.headers = vec![
+        ("trace".into(), Some(b"first".to_vec())),
+        ("attempt".into(), Some(b"2".to_vec())),
+        ("trace".into(), Some(b"abc".to_vec())),
+    ];
+    let mut empty = record(0, 1, empty);
+    empty.headers = vec![("trace".into(), None)];
+    let c = prepare(&mut sink, 1, &[vec![good, empty, record(0, 2, bad)]]).await;
+    sink.commit(&c).await.unwrap();
+
+    let rows = f
+        .db
+        .query(
+            &format!(
+                "SELECT id, ref::text, day::text, epoch_day::text, tags, counts, trace, attempt FROM \"{}\" ORDER BY id",
+                f.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2, "the record with a bad array element is a dead letter");
+    let row = &rows[0];
+    assert_eq!(row.get::<_, String>(1), "8f0c4a52-1a3b-4c5d-9e6f-0a1b2c3d4e5f");
+    assert_eq!(row.get::<_, String>(2), "2024-02-29");
+    assert_eq!(row.get::<_, String>(3), "2024-02-29", "19782 days after 1970-01-01");
+    assert_eq!(
+        row.get::<_, Vec<Option<String>>>(4),
+        [
+            Some("a".into()),
+            Some("b \"quoted\" , {x}".into()),
+            None,
+            Some("\\".into())
+        ]
+    );
+    assert_eq!(row.get::<_, Vec<Option<i64>>>(5), [Some(1), None, Some(i64::MIN)]);
+    assert_eq!(row.get::<_, String>(6), "abc");
+    assert_eq!(row.get::<_, i32>(7), 2);
+    let row = &rows[1];
+    assert_eq!(row.get::<_, String>(1), "00000000-0000-0000-0000-000000000000");
+    assert_eq!(row.get::<_, String>(2), "1970-01-01");
+    assert_eq!(row.get::<_, String>(3), "1970-01-01");
+    assert_eq!(row.get::<_, Vec<Option<String>>>(4), Vec::<Option<String>>::new());
+    assert_eq!(row.get::<_, Option<Vec<Option<i64>>>>(5), None);
+    assert_eq!(row.get::<_, Option<String>>(6), None, "a null header is NULL");
+    assert_eq!(row.get::<_, Option<i32>>(7), None, "a missing header is NULL");
+    let types: Vec<String> = column(
+        &f.db,
+        &format!(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = '\"{}\"'::regclass \
+             AND attnum > 0 ORDER BY attnum",
+            f.table
+        ),
+    )
+    .await;
+    assert_eq!(
+        types,
+        ["bigint", "uuid", "date", "date", "text[]", "bigint[]", "text", "integer"]
+    );
+    let error: String = column(&f.db, &format!("SELECT error FROM \"{}_dead_letters\"", f.table))
+        .await
+        .remove(0);
+    assert!(
+        error.contains("element 1") && error.contains("\"x\" is not an integer"),
+        "{error}"
+    );
+    assert_eq!(metrics.snapshot().dead_letters, 1);
 }
 
 #[tokio::test]
@@ -545,6 +681,7 @@ async fn an_unreachable_server_is_a_transient_error_naming_it() {
         gid: "exactly:pipe:orders:0:1".into(),
         checkpoint: CheckpointId(1),
         subtask: 0,
+        tables: Vec::new(),
     };
     assert!(matches!(sink.commit(&c).await, Err(ConnectorError::Transient { .. })));
 }

@@ -33,7 +33,7 @@ async fn connect(url: &str) -> Result<(), ConnectorError> {
 async fn refused(url: &str, secret: &str, case: &str) -> String {
     match connect(url).await {
         Ok(()) => panic!("{case}: connected, but must be refused"),
-        Err(ConnectorError::Fatal { context, message }) => {
+        Err(ConnectorError::Fatal { context, message, .. }) => {
             let text = format!("{context}: {message}");
             assert!(!text.contains(secret), "{case}: the secret is in the error: {text}");
             text

@@ -28,6 +28,7 @@ use exactly_core::{
     JsonPointer, Record, ReplaySafe, SinkContext, SinkFactory, WriteAhead, WriteOutcome,
 };
 use redis::aio::MultiplexedConnection;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 /// The Redis command each record becomes.
@@ -69,8 +70,10 @@ pub enum Strategy {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSinkConfig {
-    /// `redis://host:port/db`.
-    pub url: String,
+    /// `redis://host:port/db` (`redis://:password@host:port/db` with a
+    /// password). Held as a secret: `Debug` shows `[REDACTED]`, and errors
+    /// and logs show it with the password replaced by `***`.
+    pub url: SecretString,
     /// `set`, `hset`, `incrby` or `hincrby`.
     pub command: RedisCommand,
     /// Where the key comes from (see [`Extract`]): `key`, `value`, `split`, `offset`,
@@ -154,7 +157,11 @@ impl Extract {
                 .as_deref()
                 .map(<[u8]>::to_vec)
                 .ok_or_else(|| "the record has no key".to_string()),
-            Extract::Value => Ok(record.value.to_vec()),
+            Extract::Value => record
+                .value
+                .as_deref()
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| "the value is null (a tombstone)".to_string()),
             Extract::Split => Ok(record.split.as_bytes().to_vec()),
             Extract::Offset => Ok(record.offset.to_string().into_bytes()),
             Extract::Literal(l) => Ok(l.clone().into_bytes()),
@@ -199,7 +206,6 @@ impl Plan {
         let mut answers = if pointers.is_empty() {
             Vec::new()
         } else {
-            let found = JsonPointer::find_all(&pointers, &record.value);
             // Named after the first part that needed the JSON, as each part's
             // own error would be.
             let what = match parts.iter().position(|p| matches!(p, Some(Extract::Pointer(_)))) {
@@ -208,7 +214,12 @@ impl Plan {
                 _ if self.command.is_increment() => "no increment",
                 _ => "no value",
             };
-            found.map_err(|e| format!("{what}: the value is not JSON: {e}"))?
+            let Some(value) = record.value.as_deref() else {
+                return Err(format!(
+                    "{what}: the value is null (a tombstone), so JSON pointers find nothing"
+                ));
+            };
+            JsonPointer::find_all(&pointers, value).map_err(|e| format!("{what}: the value is not JSON: {e}"))?
         }
         .into_iter();
         let mut answer_for = |e: &Extract| matches!(e, Extract::Pointer(_)).then(|| answers.next().flatten());
@@ -253,8 +264,8 @@ impl RedisSinkFactory {
     /// Checks the configuration.
     pub fn new(config: RedisSinkConfig) -> Result<Self, ConnectorError> {
         let bad = |key: &str, e: String| ConnectorError::fatal("[sink.redis]", format!("`{key}`: {e}"));
-        redis::Client::open(config.url.as_str())
-            .map_err(|e| bad("url", format!("{e} (write redis://host:port/db)")))?;
+        redis::Client::open(config.url.expose_secret())
+            .map_err(|e| bad("url", "not a Redis URL (write redis://host:port/db)".into()).caused_by(e))?;
         let key = Extract::parse(&config.key).map_err(|e| bad("key", e))?;
         let field = match (&config.field, config.command.needs_field()) {
             (Some(f), true) => Some(Extract::parse(f).map_err(|e| bad("field", e))?),
@@ -327,9 +338,9 @@ impl RedisSinkFactory {
 
     fn sink(&self, context: &SinkContext) -> Result<RedisSink, ConnectorError> {
         Ok(RedisSink {
-            client: redis::Client::open(self.config.url.as_str())
-                .map_err(|e| ConnectorError::fatal("[sink.redis] url", e))?,
-            url: self.config.url.clone(),
+            client: redis::Client::open(self.config.url.expose_secret())
+                .map_err(|e| ConnectorError::fatal("[sink.redis] url", "not a Redis URL").caused_by(e))?,
+            url: shown_url(self.config.url.expose_secret()),
             connection: None,
             plan: self.plan.clone(),
             dead_letter_key: format!("exactly:dead-letters:{}", context.pipeline),
@@ -339,7 +350,10 @@ impl RedisSinkFactory {
     fn describe(&self) -> String {
         format!(
             "redis:url={},command={:?},key={}{},field={:?},value={:?}",
-            self.config.url,
+            // The identity names the fence scope and enters the pipeline's
+            // fingerprint: it keeps the URL as written, or counters fenced
+            // before would start again.
+            self.config.url.expose_secret(),
             self.config.command,
             self.config.key_prefix,
             self.config.key,
@@ -372,10 +386,19 @@ impl FencedSinkFactory for RedisSinkFactory {
 /// One subtask's Redis writer.
 pub struct RedisSink {
     client: redis::Client,
+    /// The URL as messages show it (see [`shown_url`]).
     url: String,
     connection: Option<MultiplexedConnection>,
     plan: Arc<Plan>,
     dead_letter_key: String,
+}
+
+impl std::fmt::Debug for RedisSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSink")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The fence script: KEYS[1] is the fence hash, KEYS[2] the dead-letter hash;
@@ -407,14 +430,25 @@ end
 return {applied, dead, skipped}
 "#;
 
+/// `url` as errors and logs show it: a password replaced by `***`.
+fn shown_url(url: &str) -> String {
+    match redis::parse_redis_url(url) {
+        Some(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
 fn redis_error(url: &str, e: redis::RedisError) -> ConnectorError {
-    if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+    let error = if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
         ConnectorError::transient(
             "redis sink",
-            format!("{url}: {e} (is redis-server running and reachable? the pipeline retries)"),
+            format!("{url} (is redis-server running and reachable? the pipeline retries)"),
         )
     } else if e.kind() == redis::ErrorKind::AuthenticationFailed {
-        ConnectorError::fatal("redis sink", format!("{url}: {e} (check the password in the url)"))
+        ConnectorError::fatal("redis sink", format!("{url} (check the password in the url)"))
     } else if matches!(
         e.kind(),
         redis::ErrorKind::ResponseError | redis::ErrorKind::ExtensionError | redis::ErrorKind::TypeError
@@ -423,11 +457,12 @@ fn redis_error(url: &str, e: redis::RedisError) -> ConnectorError {
         // overflow): retrying the same records would fail the same way.
         ConnectorError::fatal(
             "redis sink",
-            format!("{url} refused the write: {e} (a key holds another type, or a value does not fit: fix the key mapping or the data)"),
+            format!("{url} refused the write (a key holds another type, or a value does not fit: fix the key mapping or the data)"),
         )
     } else {
-        ConnectorError::transient("redis sink", format!("{url}: {e}"))
-    }
+        ConnectorError::transient("redis sink", url)
+    };
+    error.caused_by(e)
 }
 
 fn dead_letter_json(record: &Record, reason: &str) -> String {
@@ -436,7 +471,7 @@ fn dead_letter_json(record: &Record, reason: &str) -> String {
         "offset": record.offset,
         "reason": reason,
         "key": record.key.as_deref().map(String::from_utf8_lossy),
-        "value": String::from_utf8_lossy(&record.value),
+        "value": record.value.as_deref().map(String::from_utf8_lossy),
     })
     .to_string()
 }
@@ -650,6 +685,15 @@ mod tests {
 
     /// The identity names the sink's checkpoints and its fence scope: it must
     /// not change between versions for the same configuration.
+    #[test]
+    fn the_password_stays_out_of_debug_and_messages() {
+        let c: RedisSinkConfig =
+            toml::from_str("url = \"redis://:s3cret@127.0.0.1:1/0\"\ncommand = \"set\"\nkey = \"key\"").unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"), "{c:?}");
+        assert_eq!(shown_url(c.url.expose_secret()), "redis://:***@127.0.0.1:1/0");
+        assert_eq!(shown_url("redis://127.0.0.1:1/"), "redis://127.0.0.1:1/");
+    }
+
     #[test]
     fn the_identity_text_is_stable() {
         let f = config("incrby", "increment = \"/amount\"").unwrap();

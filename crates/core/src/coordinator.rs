@@ -92,25 +92,42 @@ pub struct CheckpointData {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// Time passed.
-    Tick { now_ms: u64 },
+    Tick {
+        /// The driver's clock, in milliseconds since it started.
+        now_ms: u64,
+    },
     /// A task acknowledged a checkpoint.
     Ack {
+        /// The checkpoint acknowledged.
         checkpoint: CheckpointId,
+        /// Who acknowledged it.
         task: TaskId,
+        /// What it reports with it.
         state: TaskState,
     },
     /// A task could not take part in a checkpoint (e.g. pre-commit failed).
     Decline {
+        /// The checkpoint declined.
         checkpoint: CheckpointId,
+        /// Who declined it.
         task: TaskId,
+        /// Why (the task's error, as text).
         reason: String,
     },
     /// The checkpoint was written durably.
-    Persisted { checkpoint: CheckpointId, now_ms: u64 },
+    Persisted {
+        /// The checkpoint written.
+        checkpoint: CheckpointId,
+        /// The driver's clock when the write ended.
+        now_ms: u64,
+    },
     /// Writing the checkpoint failed.
     PersistFailed {
+        /// The checkpoint whose write failed.
         checkpoint: CheckpointId,
+        /// What the store reported.
         reason: String,
+        /// The driver's clock when the write ended.
         now_ms: u64,
     },
     /// Take a checkpoint as soon as possible, ignoring the interval (end of input,
@@ -122,15 +139,72 @@ pub enum Event {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Inject barrier `checkpoint` into every source subtask.
-    Trigger { checkpoint: CheckpointId },
+    Trigger {
+        /// The new checkpoint.
+        checkpoint: CheckpointId,
+    },
     /// Write this checkpoint durably, then report `Persisted` or `PersistFailed`.
-    Persist { data: CheckpointData },
+    Persist {
+        /// What to write.
+        data: CheckpointData,
+    },
     /// The checkpoint is durable: notify every task (sinks commit ≤ id).
-    Complete { checkpoint: CheckpointId },
+    Complete {
+        /// The durable checkpoint.
+        checkpoint: CheckpointId,
+    },
     /// The checkpoint was abandoned.
-    Abort { checkpoint: CheckpointId, reason: String },
+    Abort {
+        /// The abandoned checkpoint.
+        checkpoint: CheckpointId,
+        /// Why.
+        reason: AbortReason,
+    },
     /// Too many consecutive checkpoint failures: fail the pipeline.
-    Fail { failures: u32, reason: String },
+    Fail {
+        /// Consecutive failed checkpoints, the last one included.
+        failures: u32,
+        /// Why the last one failed.
+        reason: AbortReason,
+    },
+}
+
+/// Why a checkpoint was abandoned ([`Action::Abort`], [`Action::Fail`]).
+/// Metrics tell the causes apart by matching on it; its
+/// [`Display`](std::fmt::Display) is the sentence logs and errors show.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AbortReason {
+    /// Not every task acknowledged it within the checkpoint timeout.
+    #[error("timed out after {timeout_ms} ms with {acknowledged} of {expected} acknowledgements")]
+    TimedOut {
+        /// The configured timeout.
+        timeout_ms: u64,
+        /// Tasks that had acknowledged it.
+        acknowledged: usize,
+        /// Tasks that had to.
+        expected: usize,
+    },
+    /// A task could not take part ([`Event::Decline`]).
+    #[error("{task:?} declined: {error}")]
+    Declined {
+        /// The task that declined.
+        task: TaskId,
+        /// What it reported.
+        error: String,
+    },
+    /// Writing the checkpoint failed ([`Event::PersistFailed`]).
+    #[error("persisting failed: {error}")]
+    PersistFailed {
+        /// What the store reported.
+        error: String,
+    },
+}
+
+impl AbortReason {
+    /// True when the checkpoint ran out of time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, AbortReason::TimedOut { .. })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -283,7 +357,7 @@ impl Coordinator {
                     .as_ref()
                     .is_some_and(|f| f.id == checkpoint && !f.persisting)
                 {
-                    self.abort(format!("{task:?} declined: {reason}"), None, &mut actions);
+                    self.abort(AbortReason::Declined { task, error: reason }, None, &mut actions);
                 }
             }
             Event::Persisted { checkpoint, now_ms } => {
@@ -309,7 +383,7 @@ impl Coordinator {
                     .as_ref()
                     .is_some_and(|f| f.id == checkpoint && f.persisting)
                 {
-                    self.abort(format!("persisting failed: {reason}"), Some(now_ms), &mut actions);
+                    self.abort(AbortReason::PersistFailed { error: reason }, Some(now_ms), &mut actions);
                 }
             }
         }
@@ -339,12 +413,11 @@ impl Coordinator {
         let timeout = self.config.timeout.as_millis() as u64;
         if let Some(f) = &self.in_flight {
             if !f.persisting && now_ms.saturating_sub(f.triggered_ms) >= timeout {
-                let reason = format!(
-                    "timed out after {} ms with {} of {} acknowledgements",
-                    timeout,
-                    f.acks.len(),
-                    self.tasks.len()
-                );
+                let reason = AbortReason::TimedOut {
+                    timeout_ms: timeout,
+                    acknowledged: f.acks.len(),
+                    expected: self.tasks.len(),
+                };
                 self.abort(reason, Some(now_ms), actions);
             }
         }
@@ -374,7 +447,7 @@ impl Coordinator {
         actions.push(Action::Trigger { checkpoint: id });
     }
 
-    fn abort(&mut self, reason: String, now_ms: Option<u64>, actions: &mut Vec<Action>) {
+    fn abort(&mut self, reason: AbortReason, now_ms: Option<u64>, actions: &mut Vec<Action>) {
         let Some(f) = self.in_flight.take() else { return };
         if now_ms.is_some() {
             self.last_ended_ms = now_ms;
@@ -561,7 +634,11 @@ mod tests {
                 &a[..],
                 [Action::Abort {
                     checkpoint: CheckpointId(8),
-                    ..
+                    reason: AbortReason::TimedOut {
+                        timeout_ms: 1000,
+                        acknowledged: 0,
+                        expected: 2
+                    }
                 }]
             ),
             "{a:?}"
@@ -579,9 +656,22 @@ mod tests {
             task: TaskId::Sink(0),
             reason: "disk full".into(),
         });
-        assert!(
-            matches!(&a[..], [Action::Abort { .. }, Action::Fail { failures: 2, .. }]),
-            "{a:?}"
+        let declined = AbortReason::Declined {
+            task: TaskId::Sink(0),
+            error: "disk full".into(),
+        };
+        assert_eq!(
+            a,
+            vec![
+                Action::Abort {
+                    checkpoint: id,
+                    reason: declined.clone()
+                },
+                Action::Fail {
+                    failures: 2,
+                    reason: declined
+                }
+            ]
         );
         assert!(c.handle(Event::Tick { now_ms: 99_999 }).is_empty());
     }

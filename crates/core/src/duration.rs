@@ -1,5 +1,12 @@
 //! Durations in connector configurations, written like `"10s"`, `"500ms"`,
 //! `"7days"` (humantime's syntax).
+//!
+//! The one deserializer of the workspace (the connectors and the `exactly`
+//! command use it). Kept instead of `humantime-serde`, which parses with the
+//! same `humantime` but answers a bad value with
+//! ``invalid value: string "often", expected a duration``: it drops
+//! humantime's reason (`unknown time unit "often"`) and shows no example,
+//! which this error keeps and gives.
 
 use std::time::Duration;
 

@@ -59,11 +59,40 @@ pub trait IdempotentSink: Send + 'static {
     /// dead-letter destination and are reported in the outcome, never dropped.
     async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError>;
 
+    /// Writes every record of one checkpoint interval at once: the
+    /// [`WriteAhead`] adapter calls this (and not [`write`](Self::write))
+    /// when `interval`'s checkpoint completed, with the records the sink
+    /// subtask `interval.subtask` held for it, in order.
+    ///
+    /// Contract: a repeated call for the same interval (a commit repeated
+    /// after a crash, by this process or another) carries the same records,
+    /// so the interval can be the store's replay-safe unit: one object or
+    /// file named by `(interval.subtask, interval.checkpoint)` (see
+    /// [`crate::TransactionNames::for_keys`]), overwritten or skipped when it
+    /// exists. Intervals of one subtask are written in checkpoint order, but
+    /// an interval may be written again after later ones (a repeated
+    /// commit). Default: [`write`](Self::write) with the batch.
+    async fn write_interval(&mut self, interval: Interval, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
+        let _ = interval;
+        self.write(batch).await
+    }
+
     /// Makes everything written so far durable in the store. Default: writes are
     /// durable when `write` returns.
     async fn flush(&mut self) -> Result<(), ConnectorError> {
         Ok(())
     }
+}
+
+/// Which checkpoint interval a [`IdempotentSink::write_interval`] call
+/// writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interval {
+    /// The sink subtask that held the records (after a lowering of the
+    /// parallelism, possibly an old subtask the current one adopted).
+    pub subtask: usize,
+    /// The checkpoint whose completion released them.
+    pub checkpoint: CheckpointId,
 }
 
 /// A sink that keeps, per `scope` and source split, the highest offset it has
@@ -125,6 +154,7 @@ fn count(metrics: &Metrics, outcome: &WriteOutcome) {
 
 /// Strategy 1: write records as they arrive, flush at every checkpoint. After a
 /// failure the replay rewrites the same keys, so the final state is exact.
+#[derive(Debug)]
 pub struct ReplaySafe<F>(pub F);
 
 struct ReplaySafeSink<S> {
@@ -182,6 +212,7 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for ReplaySafeSink<S> {
 /// Strategy 2: hold a checkpoint's records and write them only after that
 /// checkpoint completes. Up to `inline_limit` records travel inside the
 /// checkpoint; larger intervals spill to an fsynced file in `spill_dir`.
+#[derive(Debug)]
 pub struct WriteAhead<F> {
     /// The wrapped factory.
     pub factory: F,
@@ -192,10 +223,24 @@ pub struct WriteAhead<F> {
 }
 
 /// The committable of [`WriteAhead`]: the held records, or the file holding them.
+///
+/// Checkpoints written by earlier versions hold `Inline` committables
+/// (no interval: committed through [`IdempotentSink::write`]); new ones
+/// hold `InlineInterval`. Both deserialize, pinned by a test.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum HeldRecords {
-    /// Records stored in the checkpoint.
+    /// Records stored in the checkpoint (written before intervals were
+    /// recorded).
     Inline(Vec<Record>),
+    /// Records of one interval stored in the checkpoint.
+    InlineInterval {
+        /// The sink subtask that held them.
+        subtask: usize,
+        /// Their checkpoint.
+        checkpoint: CheckpointId,
+        /// The records, in order.
+        records: Vec<Record>,
+    },
     /// Records spilled to this file (JSON lines), named relative to the spill
     /// folder so the pipeline can run from another working folder.
     Spilled(String),
@@ -245,8 +290,8 @@ fn spill_prefix(subtask: usize) -> String {
     format!("spill-{subtask}-")
 }
 
-fn spill_error(path: &std::path::Path, e: impl std::fmt::Display) -> ConnectorError {
-    ConnectorError::transient("write-ahead spill file", format!("{}: {e}", path.display()))
+fn spill_error(path: &std::path::Path, e: impl Into<crate::error::BoxError>) -> ConnectorError {
+    ConnectorError::transient("write-ahead spill file", path.display()).caused_by(e)
 }
 
 impl<S: IdempotentSink> WriteAheadSink<S> {
@@ -380,7 +425,18 @@ fn checkpoint_of(spill_name: &str) -> CheckpointId {
     )
 }
 
+/// The interval of a spill file, from its name (`spill-<subtask>-<checkpoint>-…`).
+fn interval_of(spill_name: &str) -> Option<Interval> {
+    let subtask = spill_name.split('-').nth(1)?.parse().ok()?;
+    let checkpoint = spill_name.split('-').nth(2)?.parse().ok()?;
+    Some(Interval {
+        subtask,
+        checkpoint: CheckpointId(checkpoint),
+    })
+}
+
 /// An interval's records on their way to a [`WriteAhead`] checkpoint.
+#[derive(Debug)]
 pub struct HeldInterval {
     checkpoint: CheckpointId,
     records: Vec<Record>,
@@ -404,7 +460,7 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
             pending,
             |held| match held {
                 HeldRecords::Spilled(name) => Some(name.clone()),
-                HeldRecords::Inline(_) => None,
+                HeldRecords::Inline(_) | HeldRecords::InlineInterval { .. } => None,
             },
             owned.into_iter().map(Some),
         );
@@ -439,21 +495,39 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
 
     async fn pre_commit(&mut self, txn: HeldInterval) -> Result<HeldRecords, ConnectorError> {
         if txn.records.len() <= self.inline_limit {
-            Ok(HeldRecords::Inline(txn.records))
+            Ok(HeldRecords::InlineInterval {
+                subtask: self.context.subtask,
+                checkpoint: txn.checkpoint,
+                records: txn.records,
+            })
         } else {
             Ok(HeldRecords::Spilled(self.spill(txn.checkpoint, &txn.records).await?))
         }
     }
 
     async fn commit(&mut self, held: &HeldRecords) -> Result<(), ConnectorError> {
-        let records = match held {
-            HeldRecords::Inline(r) => r.clone(),
+        let (interval, records) = match held {
+            HeldRecords::Inline(r) => (None, r.clone()),
+            HeldRecords::InlineInterval {
+                subtask,
+                checkpoint,
+                records,
+            } => (
+                Some(Interval {
+                    subtask: *subtask,
+                    checkpoint: *checkpoint,
+                }),
+                records.clone(),
+            ),
             HeldRecords::Spilled(name) => match self.read_spill(name).await? {
-                Some(r) => r,
+                Some(r) => (interval_of(name), r),
                 None => return Ok(()),
             },
         };
-        let outcome = self.sink.write(&records).await?;
+        let outcome = match interval {
+            Some(interval) => self.sink.write_interval(interval, &records).await?,
+            None => self.sink.write(&records).await?,
+        };
         self.sink.flush().await?;
         count(&self.context.metrics, &outcome);
         if let HeldRecords::Spilled(name) = held {
@@ -478,6 +552,7 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
 /// Strategy 3: the store applies each record only above the stored position of
 /// its split, atomically with the write — exactly-once effects even for
 /// increments. The fence scope is `<pipeline>/<sink identity>`.
+#[derive(Debug)]
 pub struct Fenced<F>(pub F);
 
 /// A fenced sink seen as an idempotent one: its writes are fenced in `scope`,
@@ -536,10 +611,21 @@ mod tests {
         values: Arc<Mutex<BTreeMap<String, String>>>,
         counter: Arc<Mutex<i64>>,
         fences: Arc<Mutex<BTreeMap<(String, String), i64>>>,
+        /// Every interval written through `write_interval`, with its size.
+        intervals: Arc<Mutex<Vec<(Interval, usize)>>>,
     }
 
     #[async_trait]
     impl IdempotentSink for Store {
+        async fn write_interval(
+            &mut self,
+            interval: Interval,
+            batch: &[Record],
+        ) -> Result<WriteOutcome, ConnectorError> {
+            self.intervals.lock().unwrap().push((interval, batch.len()));
+            self.write(batch).await
+        }
+
         async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
             let mut out = WriteOutcome::default();
             let mut values = self.values.lock().unwrap();
@@ -548,7 +634,7 @@ mod tests {
                     Some(k) => {
                         values.insert(
                             String::from_utf8_lossy(k).into(),
-                            String::from_utf8_lossy(&r.value).into(),
+                            String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into(),
                         );
                         out.applied += 1;
                     }
@@ -651,6 +737,50 @@ mod tests {
             "orphan {orphan_interval} removed: {left:?}"
         );
         assert_eq!(left.len(), 1, "the committed interval's done marker stays: {left:?}");
+    }
+
+    /// The write-ahead adapter hands the sink each interval's subtask and
+    /// checkpoint, inline or spilled, the same again on a repeated commit;
+    /// a committable of an earlier version (no interval) still commits.
+    #[tokio::test]
+    async fn write_ahead_writes_whole_intervals_named_by_their_checkpoint() {
+        let spill = tempfile::tempdir().unwrap();
+        let store = Store::default();
+        let factory = WriteAhead {
+            factory: StoreFactory(store.clone()),
+            spill_dir: spill.path().to_path_buf(),
+            inline_limit: 2,
+        };
+        let ctx = SinkContext::new("p", 1, 2, Arc::default());
+        let mut sink = factory.create(ctx.clone()).unwrap();
+        sink.recover(&[]).await.unwrap();
+        sink.write(CheckpointId(7), &keyed(0..2)).await.unwrap();
+        let inline = sink.pre_commit().await.unwrap().unwrap();
+        sink.write(CheckpointId(8), &keyed(2..7)).await.unwrap();
+        let spilled = sink.pre_commit().await.unwrap().unwrap();
+        sink.commit(&inline).await.unwrap();
+        sink.commit(&spilled).await.unwrap();
+        // A crash after the commits: recovery commits both again.
+        factory.create(ctx).unwrap().recover(&[inline, spilled]).await.unwrap();
+        let at = |checkpoint| Interval {
+            subtask: 1,
+            checkpoint: CheckpointId(checkpoint),
+        };
+        assert_eq!(
+            *store.intervals.lock().unwrap(),
+            vec![(at(7), 2), (at(8), 5), (at(7), 2)],
+            "the spilled interval's repeat finds its done marker and writes nothing"
+        );
+        // A checkpoint of an earlier version holds `{"Inline": [records]}`.
+        let record = Record::new("s-0", 9, "v").with_key("k9");
+        let legacy = serde_json::json!({ "Inline": [serde_json::to_value(&record).unwrap()] });
+        let before = store.intervals.lock().unwrap().len();
+        let mut sink = factory.create(context()).unwrap();
+        sink.recover(&[legacy])
+            .await
+            .expect("an earlier version's committable commits");
+        assert_eq!(store.intervals.lock().unwrap().len(), before, "committed through write");
+        assert_eq!(store.values.lock().unwrap().get("k9").map(String::as_str), Some("v"));
     }
 
     #[tokio::test]

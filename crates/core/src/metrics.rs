@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::coordinator::AbortReason;
 use crate::record::Record;
 
 /// Upper bounds (microseconds) of the buckets of the duration histograms:
@@ -56,7 +57,7 @@ pub const DURATION_BUCKETS_US: [u64; 16] = [
 
 /// A histogram of durations with fixed buckets ([`DURATION_BUCKETS_US`]).
 #[derive(Debug, Default)]
-pub struct DurationHistogram {
+pub(crate) struct DurationHistogram {
     /// Per bucket (not cumulative); the last slot counts values above every bound.
     counts: [AtomicU64; DURATION_BUCKETS_US.len() + 1],
     sum_us: AtomicU64,
@@ -64,7 +65,8 @@ pub struct DurationHistogram {
     max_us: AtomicU64,
 }
 
-/// A point-in-time copy of a [`DurationHistogram`].
+/// A point-in-time copy of a histogram of durations (checkpoint
+/// durations, commit latencies).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HistogramSnapshot {
     /// `(upper bound in µs, observations at or below it)`, cumulative, for
@@ -80,7 +82,7 @@ pub struct HistogramSnapshot {
 
 impl DurationHistogram {
     /// Records one duration.
-    pub fn observe_us(&self, us: u64) {
+    pub(crate) fn observe_us(&self, us: u64) {
         let slot = DURATION_BUCKETS_US
             .iter()
             .position(|bound| us <= *bound)
@@ -92,7 +94,7 @@ impl DurationHistogram {
     }
 
     /// Reads it.
-    pub fn snapshot(&self) -> HistogramSnapshot {
+    pub(crate) fn snapshot(&self) -> HistogramSnapshot {
         let mut cumulative = 0;
         let buckets = DURATION_BUCKETS_US
             .iter()
@@ -238,10 +240,14 @@ pub struct Metrics {
     commits: AtomicU64,
     commit_latency: DurationHistogram,
     dead_letters: AtomicU64,
+    records_filtered: AtomicU64,
+    transform_dead_letters: AtomicU64,
     slow_persists: AtomicU64,
     store_cleanup_failures: AtomicU64,
     subtasks: RwLock<Vec<Arc<SubtaskCounters>>>,
     regions: RwLock<BTreeMap<usize, Arc<CheckpointStats>>>,
+    /// Waiting as a hot standby for the pipeline's lock.
+    standby: std::sync::atomic::AtomicBool,
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -277,6 +283,12 @@ pub struct MetricsSnapshot {
     pub restarts: u64,
     /// Records a sink could not write and sent to its dead-letter destination.
     pub dead_letters: u64,
+    /// Records a transform's filter dropped (or a flat_map made nothing
+    /// of), replays included.
+    pub records_filtered: u64,
+    /// Records skipped because a transform failed on them with `on_error =
+    /// dead-letter` (each logged with the reason), replays included.
+    pub transform_dead_letters: u64,
     /// Checkpoint writes still running after a checkpoint timeout (each
     /// counted once; they are waited for, never abandoned).
     pub slow_persists: u64,
@@ -300,12 +312,6 @@ pub struct Readiness {
     pub last_checkpoint_age_seconds: Option<f64>,
 }
 
-/// Whether an aborted checkpoint's reason (from
-/// [`Action::Abort`](crate::Action::Abort)) says it ran out of time.
-pub fn abort_reason_is_timeout(reason: &str) -> bool {
-    reason.starts_with("timed out")
-}
-
 fn unix_ms_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -317,7 +323,7 @@ fn unix_ms_now() -> u64 {
 fn record_bytes(records: &[Record]) -> u64 {
     records
         .iter()
-        .map(|r| (r.value.len() + r.key.as_ref().map_or(0, |k| k.len())) as u64)
+        .map(|r| (r.value.as_ref().map_or(0, |v| v.len()) + r.key.as_ref().map_or(0, |k| k.len())) as u64)
         .sum()
 }
 
@@ -371,6 +377,18 @@ impl Metrics {
         s.bytes_written.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// The process waits as a hot standby for the pipeline's lock (`true`),
+    /// or no longer does.
+    pub fn set_standby(&self, waiting: bool) {
+        self.standby.store(waiting, Ordering::Relaxed);
+    }
+
+    /// Whether the process waits as a hot standby (see
+    /// [`PipelineConfig::standby`](crate::PipelineConfig::standby)).
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(Ordering::Relaxed)
+    }
+
     /// Sink subtask `subtask` now holds `n` pre-committed transactions that
     /// wait for their checkpoint.
     pub fn set_pending_transactions(&self, subtask: usize, n: usize) {
@@ -394,10 +412,13 @@ impl Metrics {
         }
     }
 
-    /// A checkpoint of `region` was aborted for `reason` (the
-    /// coordinator's, which tells timeouts apart).
-    pub fn checkpoint_aborted_in(&self, region: Option<usize>, reason: &str) {
-        let timed_out = abort_reason_is_timeout(reason);
+    /// A checkpoint of `region` was aborted for `reason`: every cause
+    /// counts as failed, timeouts also as timed out.
+    pub fn checkpoint_aborted_in(&self, region: Option<usize>, reason: &AbortReason) {
+        let timed_out = match reason {
+            AbortReason::TimedOut { .. } => true,
+            AbortReason::Declined { .. } | AbortReason::PersistFailed { .. } => false,
+        };
         self.checkpoints.aborted(timed_out);
         if let Some(r) = region {
             self.region(r).aborted(timed_out);
@@ -440,6 +461,13 @@ impl Metrics {
         self.dead_letters.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts what the transforms of a source subtask dropped.
+    pub(crate) fn transformed(&self, tally: &crate::transform::Tally) {
+        self.records_filtered.fetch_add(tally.filtered, Ordering::Relaxed);
+        self.transform_dead_letters
+            .fetch_add(tally.dead_letters, Ordering::Relaxed);
+    }
+
     /// Reads every pipeline-wide counter.
     pub fn snapshot(&self) -> MetricsSnapshot {
         let commits = self.commit_latency.snapshot();
@@ -460,6 +488,8 @@ impl Metrics {
             commit_latency_max_us: commits.max_us,
             restarts: checkpoints.restarts,
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
+            records_filtered: self.records_filtered.load(Ordering::Relaxed),
+            transform_dead_letters: self.transform_dead_letters.load(Ordering::Relaxed),
             slow_persists: self.slow_persists.load(Ordering::Relaxed),
             store_cleanup_failures: self.store_cleanup_failures.load(Ordering::Relaxed),
             pending_transactions: self.subtasks().iter().map(|s| s.pending_transactions).sum(),
@@ -520,25 +550,30 @@ impl Metrics {
         } else {
             regions.into_iter().map(|(r, s)| (Some(r), s)).collect()
         };
-        let reason = scopes.iter().find_map(|(region, s)| {
-            let whose = region.map_or_else(String::new, |r| format!("region {r}: "));
-            if !s.completed_since_start {
-                let when = if s.restarts == 0 {
-                    "the start"
-                } else {
-                    "the latest restart"
-                };
-                return Some(format!(
-                    "{whose}no checkpoint completed since {when}: recovering, or checkpoints fail"
-                ));
-            }
-            match age(s) {
-                Some(a) if a > max_age.as_secs_f64() => Some(format!(
-                    "{whose}the latest checkpoint completed {a:.1} s ago, more than the {} s allowed",
-                    max_age.as_secs_f64()
-                )),
-                _ => None,
-            }
+        let standby = self
+            .is_standby()
+            .then(|| "standby: another process runs the pipeline; this one takes over when it stops".to_string());
+        let reason = standby.or_else(|| {
+            scopes.iter().find_map(|(region, s)| {
+                let whose = region.map_or_else(String::new, |r| format!("region {r}: "));
+                if !s.completed_since_start {
+                    let when = if s.restarts == 0 {
+                        "the start"
+                    } else {
+                        "the latest restart"
+                    };
+                    return Some(format!(
+                        "{whose}no checkpoint completed since {when}: recovering, or checkpoints fail"
+                    ));
+                }
+                match age(s) {
+                    Some(a) if a > max_age.as_secs_f64() => Some(format!(
+                        "{whose}the latest checkpoint completed {a:.1} s ago, more than the {} s allowed",
+                        max_age.as_secs_f64()
+                    )),
+                    _ => None,
+                }
+            })
         });
         Readiness {
             ready: reason.is_none(),
@@ -552,7 +587,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::{Action, CheckpointConfig, Coordinator, Event};
+    use crate::coordinator::{Action, CheckpointConfig, Coordinator, Event, TaskId};
 
     #[test]
     fn histograms_are_cumulative_and_count_everything() {
@@ -612,13 +647,24 @@ mod tests {
         let Some(Action::Abort { reason, .. }) = actions.first() else {
             panic!("no abort after the timeout: {actions:?}");
         };
-        assert!(abort_reason_is_timeout(reason), "{reason}");
-        assert!(!abort_reason_is_timeout("persisting failed: disk full"));
+        assert!(reason.is_timeout(), "{reason}");
         let m = Metrics::default();
         m.checkpoint_aborted_in(None, reason);
-        m.checkpoint_aborted_in(None, "Sink(0) declined: boom");
+        m.checkpoint_aborted_in(
+            None,
+            &AbortReason::Declined {
+                task: TaskId::Sink(0),
+                error: "boom".into(),
+            },
+        );
+        m.checkpoint_aborted_in(
+            None,
+            &AbortReason::PersistFailed {
+                error: "disk full".into(),
+            },
+        );
         let s = m.snapshot();
-        assert_eq!((s.checkpoints_failed, s.checkpoints_timed_out), (2, 1));
+        assert_eq!((s.checkpoints_failed, s.checkpoints_timed_out), (3, 1));
     }
 
     #[test]
@@ -649,7 +695,14 @@ mod tests {
         m.assign_region(1, 1);
         m.checkpoint_completed_in(Some(0), 5, 10);
         m.checkpoint_completed_in(Some(1), 7, 10);
-        m.checkpoint_aborted_in(Some(1), "timed out after 100 ms with 1 of 2 acknowledgements");
+        m.checkpoint_aborted_in(
+            Some(1),
+            &AbortReason::TimedOut {
+                timeout_ms: 100,
+                acknowledged: 1,
+                expected: 2,
+            },
+        );
         assert!(m.readiness(Duration::from_secs(60)).ready);
         m.set_pending_transactions(0, 1);
         m.set_pending_transactions(1, 1);

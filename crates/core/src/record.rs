@@ -47,12 +47,18 @@ pub struct Record {
     /// which JSON writes as a list of numbers, as it wrote the `Vec<u8>` of
     /// earlier releases.
     pub key: Option<Bytes>,
-    /// Raw value bytes (see `key`).
-    pub value: Bytes,
+    /// Raw value bytes (see `key`). `None` is a **null** value — a Kafka
+    /// tombstone, a deleted row — which is not the same as an empty value
+    /// (`Some` of no bytes): every sink keeps the difference (the Kafka sink
+    /// writes a tombstone, the PostgreSQL sink SQL `NULL`, the file sink
+    /// `null` in JSON lines), or sends the record to its dead letters saying
+    /// why it cannot.
+    pub value: Option<Bytes>,
     /// Event or ingestion time in Unix milliseconds, when the source knows it.
     pub timestamp_ms: Option<i64>,
-    /// Header name/value pairs, in source order.
-    pub headers: Vec<(String, Vec<u8>)>,
+    /// Header name/value pairs, in source order, repeated names kept. A
+    /// `None` value is a null header value, distinct from an empty one.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 impl Record {
@@ -62,10 +68,33 @@ impl Record {
             split: split.into(),
             offset,
             key: None,
-            value: value.into(),
+            value: Some(value.into()),
             timestamp_ms: None,
             headers: Vec::new(),
         }
+    }
+
+    /// A record with a null value (a tombstone) at `offset` of `split`.
+    pub fn tombstone(split: impl Into<SplitName>, offset: i64) -> Self {
+        Record {
+            split: split.into(),
+            offset,
+            key: None,
+            value: None,
+            timestamp_ms: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// The value's bytes, or `None` for a null value. Shorthand for
+    /// `record.value.as_deref()`.
+    pub fn value_bytes(&self) -> Option<&[u8]> {
+        self.value.as_deref()
+    }
+
+    /// Whether the value is null (a tombstone).
+    pub fn is_tombstone(&self) -> bool {
+        self.value.is_none()
     }
 
     /// For sources that name splits `<topic>-<partition>` (the Kafka source does):
@@ -130,5 +159,20 @@ mod tests {
             "{json}"
         );
         assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), keyless);
+    }
+
+    #[test]
+    fn a_null_value_is_not_an_empty_one_and_survives_serialization() {
+        let empty = Record::new("orders-0", 5, "");
+        let null = Record::tombstone("orders-0", 5);
+        assert_ne!(empty, null);
+        assert!(null.is_tombstone() && !empty.is_tombstone());
+        let json = serde_json::to_string(&null).unwrap();
+        assert!(json.contains(r#""value":null"#), "{json}");
+        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), null);
+        let mut headers = Record::new("orders-0", 6, "v");
+        headers.headers = vec![("a".into(), None), ("a".into(), Some(Vec::new()))];
+        let json = serde_json::to_string(&headers).unwrap();
+        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), headers);
     }
 }

@@ -27,6 +27,17 @@ const UNKNOWN: u64 = u64::MAX;
 /// The oldest checkpoint id of a region that may still be restored, shared
 /// between the runtime (which sets it) and the region's sinks (which read
 /// it). Clones share the value.
+///
+/// A region restores its latest complete checkpoint, or an older retained
+/// entry when every newer one is unreadable; older entries are deleted, so
+/// a checkpoint older than the oldest retained entry is never restored
+/// again. How a sink uses it to prune its "already committed" markers: a
+/// marker of transaction `c` is needed while a restorable checkpoint may
+/// list `c`, that is one acknowledged before the commit of `c` returned.
+/// Any transaction the subtask begins after that commit returned is for a
+/// checkpoint above all of those, so once the oldest restorable checkpoint
+/// is at or above the checkpoint of such a begin, no restorable checkpoint
+/// lists `c` and its marker may go.
 #[derive(Clone, Debug)]
 pub struct RestorableCheckpoints(Arc<AtomicU64>);
 

@@ -45,7 +45,7 @@ pub struct SinkContext {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The oldest checkpoint of this subtask's region that may still be
     /// restored, kept current by the runtime: prune "already committed"
-    /// markers by it (see [`crate::retention`]). Unknown in a context built
+    /// markers by it (see [`RestorableCheckpoints`](crate::RestorableCheckpoints)). Unknown in a context built
     /// with [`SinkContext::new`] until set.
     pub restorable: crate::retention::RestorableCheckpoints,
 }
@@ -235,6 +235,21 @@ pub trait SinkFactory: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether several records may arrive with one `(split, offset)` — the
+    /// outputs of a [`Transform::flat_map`](crate::Transform::flat_map),
+    /// which all carry their input's coordinates — and each be written.
+    /// Answer `true` only when nothing the sink writes or fences is keyed
+    /// on the coordinates alone: not a fence that applies only offsets
+    /// above the last one applied, not a primary key or a deduplication
+    /// made of the split and offset (it would keep one of the records and
+    /// lose the others). [`Pipeline::with_transforms`](crate::Pipeline::with_transforms)
+    /// refuses a flat_map unless the sink answers `true`.
+    ///
+    /// The default answers `false`.
+    fn accepts_repeated_coordinates(&self) -> bool {
+        false
+    }
+
     /// The transactions of pipeline `pipeline` that the sink's store holds
     /// pre-committed right now (prepared, neither committed nor rolled
     /// back): after a crash, what the next recovery commits (those the
@@ -306,8 +321,9 @@ fn decode<C: DeserializeOwned>(value: &serde_json::Value) -> Result<C, Connector
     serde_json::from_value(value.clone()).map_err(|e| {
         ConnectorError::fatal(
             "decoding a committable from the checkpoint",
-            format!("{e}; was the checkpoint written by a different sink type? ({value})"),
+            format!("{value} does not decode; was the checkpoint written by a different sink type?"),
         )
+        .caused_by(e)
     })
 }
 
@@ -333,7 +349,11 @@ impl<S: TwoPhaseCommitSink> ErasedSink for Erased<S> {
         };
         self.sink.check_pending().await?;
         committable
-            .map(|c| serde_json::to_value(&c).map_err(|e| ConnectorError::fatal("encoding a committable", e)))
+            .map(|c| {
+                serde_json::to_value(&c).map_err(|e| {
+                    ConnectorError::fatal("encoding a committable", "not representable as JSON").caused_by(e)
+                })
+            })
             .transpose()
     }
 

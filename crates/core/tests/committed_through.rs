@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use exactly_core::{
-    erase, CheckpointConfig, CheckpointId, CheckpointStore, ConnectorError, ErasedSink, Failover, FsCheckpointStore,
-    Pipeline, PipelineConfig, Record, SequenceSourceFactory, SinkContext, SinkFactory, TwoPhaseCommitSink,
+    erase, CheckpointConfig, CheckpointId, ConnectorError, ErasedSink, Failover, FsCheckpointStore, Pipeline,
+    PipelineConfig, Record, SequenceSourceFactory, SinkContext, SinkFactory, TwoPhaseCommitSink,
 };
 
 /// What every `recover` of the sink was given, per call.

@@ -3,16 +3,25 @@
 //! `records`, reading a batch's header without decoding its records, and
 //! decoding its records as slices of the answer (no copy of keys and
 //! values).
+//!
+//! An entry of the older message formats (magic 0 and 1, see
+//! [`legacy`](crate::legacy)) starts like a batch (offset, size, then the
+//! magic byte at the same place), so it is taken off an answer alike, has
+//! a header (of a plain batch: no producer, no transaction), and its
+//! records are decoded by [`legacy`](crate::legacy).
 
 use bytes::{Buf, Bytes};
 use kafka_protocol::compression::{self, Decompressor};
 
+use crate::legacy;
 use crate::records::{ControlMarker, RecordHeader};
 
 /// Bytes before a batch's payload that tell its length: base offset (8) and
 /// batch length (4).
 pub(crate) const BATCH_PREFIX: usize = 12;
-/// Position of the magic byte in a batch.
+/// Position of the partition leader epoch in a v2 batch.
+const LEADER_EPOCH_AT: usize = 12;
+/// Position of the magic byte in a batch (and in a v0/v1 entry).
 pub(crate) const MAGIC_AT: usize = 16;
 /// Position of the attributes in a v2 batch.
 const ATTRIBUTES_AT: usize = 21;
@@ -29,9 +38,9 @@ const TRANSACTIONAL: i16 = 1 << 4;
 /// Attribute bit of a control batch.
 const CONTROL: i16 = 1 << 5;
 
-/// Takes the next complete batch off the front of `raw`. `Ok(None)` when
-/// `raw` holds no complete batch: it is empty, or holds the start of a
-/// batch a broker cut at its byte limit (left in `raw`).
+/// Takes the next complete batch (or v0/v1 entry) off the front of `raw`.
+/// `Ok(None)` when `raw` holds no complete batch: it is empty, or holds the
+/// start of a batch a broker cut at its byte limit (left in `raw`).
 pub(crate) fn take_batch(raw: &mut Bytes) -> Result<Option<Bytes>, String> {
     if raw.len() < BATCH_PREFIX {
         return Ok(None);
@@ -48,7 +57,11 @@ pub(crate) fn take_batch(raw: &mut Bytes) -> Result<Option<Bytes>, String> {
 /// CRC of) its records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BatchHeader {
-    /// Offset of the batch's first record.
+    /// Its message format: 2, or 0 and 1 for an entry of a message set.
+    pub magic: i8,
+    /// Offset of the batch's first record; for a v0/v1 entry its offset,
+    /// which is its last record's (a compressed entry's first record is
+    /// known only once decompressed).
     pub base_offset: i64,
     /// Offset of its last record as written (records compacted away since
     /// may leave the last remaining one below it).
@@ -62,19 +75,43 @@ pub(crate) struct BatchHeader {
     pub transactional: bool,
     /// Whether it is a control batch (a transaction marker).
     pub control: bool,
+    /// The leader epoch of the partition when the batch was appended (-1
+    /// when unknown).
+    pub leader_epoch: i32,
 }
 
 impl BatchHeader {
     /// Reads the header of one complete batch (as [`take_batch`] returns
-    /// it). Fails on a batch in the pre-0.11 message format (magic 0 or 1),
-    /// which carries no producer ids and no transactions.
+    /// it). An entry of message format v0 or v1 has the header of a plain
+    /// batch (no producer id, no transaction, no control): those formats
+    /// have none of them.
     pub(crate) fn read(batch: &[u8]) -> Result<BatchHeader, String> {
         let base_offset = (&batch[..8]).get_i64();
         let magic = *batch.get(MAGIC_AT).ok_or("batch shorter than its header")? as i8;
-        if magic != 2 {
-            return Err(format!(
-                "the batch at offset {base_offset} uses message format v{magic}; only v2 record batches are supported"
-            ));
+        match magic {
+            2 => {}
+            0 | 1 if batch.len() < BATCH_PREFIX + legacy::MESSAGE_OVERHEAD_V0 => {
+                return Err(format!(
+                    "the message at offset {base_offset} is shorter than the smallest message"
+                ));
+            }
+            0 | 1 => {
+                return Ok(BatchHeader {
+                    magic,
+                    base_offset,
+                    last_offset: base_offset,
+                    producer_id: -1,
+                    producer_epoch: -1,
+                    transactional: false,
+                    control: false,
+                    leader_epoch: -1,
+                })
+            }
+            other => {
+                return Err(format!(
+                    "the batch at offset {base_offset} has an unknown magic {other}"
+                ))
+            }
         }
         if batch.len() < BATCH_HEADER {
             return Err(format!(
@@ -84,12 +121,14 @@ impl BatchHeader {
         let attributes = (&batch[ATTRIBUTES_AT..]).get_i16();
         let last_offset_delta = (&batch[LAST_OFFSET_DELTA_AT..]).get_i32();
         Ok(BatchHeader {
+            magic,
             base_offset,
             last_offset: base_offset + i64::from(last_offset_delta),
             producer_id: (&batch[PRODUCER_ID_AT..]).get_i64(),
             producer_epoch: (&batch[PRODUCER_EPOCH_AT..]).get_i16(),
             transactional: attributes & TRANSACTIONAL != 0,
             control: attributes & CONTROL != 0,
+            leader_epoch: (&batch[LEADER_EPOCH_AT..]).get_i32(),
         })
     }
 }
@@ -102,14 +141,20 @@ pub struct FetchedRecord {
     pub offset: i64,
     /// Its timestamp in Unix milliseconds: the producer's (creation time),
     /// or the broker's for a topic with `message.timestamp.type =
-    /// LogAppendTime`.
+    /// LogAppendTime`; -1 for a record of message format v0, which has no
+    /// timestamps.
     pub timestamp: i64,
     /// Its key (`None`: a null key).
     pub key: Option<Bytes>,
     /// Its value (`None`: a null value, a tombstone).
     pub value: Option<Bytes>,
-    /// Its headers, in order, repeated keys included.
+    /// Its headers, in order, repeated keys included (none in message
+    /// formats v0 and v1, which have no headers).
     pub headers: Vec<RecordHeader>,
+    /// The partition's leader epoch when the record was appended (its
+    /// batch's; -1 when unknown): what a position that passed it records,
+    /// so that a log truncated below it later can be told (KIP-320).
+    pub leader_epoch: i32,
 }
 
 /// Decodes the records of one complete batch (see [`decode_records_into`]).
@@ -122,10 +167,14 @@ pub(crate) fn decode_records(batch: Bytes) -> Result<Vec<FetchedRecord>, String>
 /// Decodes the records of one complete batch onto the end of `out`: checks
 /// its CRC, decompresses its payload as needed (gzip, snappy, lz4, zstd)
 /// and reads every record. Keys, values and header values are slices of
-/// `batch` (or of its decompressed payload). On an error `out` may hold
+/// `batch` (or of its decompressed payload). An entry of message format v0
+/// or v1 is decoded by [`legacy::decode_into`]. On an error `out` may hold
 /// some of the batch's records.
 pub(crate) fn decode_records_into(batch: Bytes, out: &mut Vec<FetchedRecord>) -> Result<(), String> {
     let header = BatchHeader::read(&batch)?;
+    if header.magic < 2 {
+        return legacy::decode_into(batch, out);
+    }
     let at = |what: &str| format!("the batch at offset {}: {what}", header.base_offset);
     let supplied_crc = (&batch[CRC_AT..]).get_u32();
     if crc32c::crc32c(&batch[ATTRIBUTES_AT..]) != supplied_crc {
@@ -138,6 +187,7 @@ pub(crate) fn decode_records_into(batch: Bytes, out: &mut Vec<FetchedRecord>) ->
     let count = usize::try_from(count).map_err(|_| at(&format!("negative record count {count}")))?;
     let batch_info = BatchInfo {
         base_offset: header.base_offset,
+        leader_epoch: header.leader_epoch,
         base_timestamp,
         log_append_time: (attributes & LOG_APPEND_TIME != 0).then_some(max_timestamp),
         count,
@@ -179,6 +229,7 @@ const RECORD_COUNT_AT: usize = 57;
 /// What the records of a batch are read against.
 struct BatchInfo {
     base_offset: i64,
+    leader_epoch: i32,
     base_timestamp: i64,
     /// The batch's max timestamp, when it replaces every record's own.
     log_append_time: Option<i64>,
@@ -233,6 +284,7 @@ impl BatchInfo {
             key,
             value,
             headers,
+            leader_epoch: self.leader_epoch,
         })
     }
 }

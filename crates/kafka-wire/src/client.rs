@@ -10,16 +10,13 @@ use kafka_protocol::ResponseError;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cluster::{
-    connect_any, metadata, transaction_coordinator, COORDINATOR_NOT_READY, FIRST_COORDINATOR_BACKOFF,
-    MAX_COORDINATOR_BACKOFF,
-};
+use crate::cluster::{connect_any, metadata, not_ready_backoff, transaction_coordinator, COORDINATOR_NOT_READY};
 use crate::config::WireConfig;
 use crate::connection::{versions, KafkaConnection};
 use crate::error::WireError;
 use crate::reader;
 use crate::records::{CommittedRead, CommittedRecord};
-use crate::txn::{end_txn_on, EndTxnOutcome};
+use crate::txn::{batch_writer_on, end_txn_on, BatchWriter, EndTxnOutcome};
 
 /// DescribeConfigs versions spoken (kafka-protocol implements v1 to v4; v4
 /// is the flexible encoding).
@@ -102,20 +99,23 @@ impl WireClient {
         producer_epoch: i16,
         commit: bool,
     ) -> Result<EndTxnOutcome, WireError> {
-        let deadline = Instant::now() + self.config.coordinator_wait;
-        let mut backoff = FIRST_COORDINATOR_BACKOFF;
+        let mut backoff = not_ready_backoff(self.config.coordinator_wait);
         loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
             let outcome = self
-                .end_txn_once(transactional_id, producer_id, producer_epoch, commit, remaining)
+                .end_txn_once(
+                    transactional_id,
+                    producer_id,
+                    producer_epoch,
+                    commit,
+                    backoff.remaining(),
+                )
                 .await?;
             let moved = matches!(outcome, EndTxnOutcome::Retriable(error) if COORDINATOR_NOT_READY.contains(&error));
-            if !moved || Instant::now() + backoff > deadline {
+            if !moved || !backoff.fits() {
                 return Ok(outcome);
             }
-            debug!(%transactional_id, %outcome, ?backoff, "EndTxn: the coordinator is not ready; finding it again");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_COORDINATOR_BACKOFF);
+            debug!(%transactional_id, %outcome, backoff = ?backoff.next_pause(), "EndTxn: the coordinator is not ready; finding it again");
+            backoff.pause().await;
         }
     }
 
@@ -145,6 +145,43 @@ impl WireClient {
             KafkaConnection::connect_with(&coordinator, &self.config.options).await?
         };
         end_txn_on(&mut connection, transactional_id, producer_id, producer_epoch, commit).await
+    }
+
+    /// Who wrote the record at `offset` of `topic`/`partition`: the header
+    /// of its batch (producer id, epoch, transactional or not), read with
+    /// one read_uncommitted Fetch from the partition's leader, so a record
+    /// of a transaction still open is found too. `None` when the leader
+    /// returns no batch covering `offset` (at or past the high watermark,
+    /// below the log start). A leader that moved is an error
+    /// ([`WireError::is_retriable`]): ask again.
+    ///
+    /// What a transaction's records carry is the producer id and epoch
+    /// [`end_txn`](Self::end_txn) must name to end that transaction — a
+    /// figure from the data itself rather than from the producer's own
+    /// account.
+    pub async fn batch_writer(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<Option<BatchWriter>, WireError> {
+        let mut bootstrap = self.connect().await?;
+        let cluster = metadata(&mut bootstrap, Some(topic)).await?;
+        let leader = cluster.leaders.get(&partition).copied();
+        let Some(address) = leader.and_then(|node| cluster.broker(node)).map(str::to_string) else {
+            return Err(WireError::Broker {
+                addr: bootstrap.addr().to_string(),
+                api: ApiKey::Metadata,
+                error: ResponseError::LeaderNotAvailable,
+                message: Some(format!("no leader known for {topic}/{partition}")),
+            });
+        };
+        let mut connection = if address == bootstrap.addr() {
+            bootstrap
+        } else {
+            KafkaConnection::connect_with(&address, &self.config.options).await?
+        };
+        batch_writer_on(&mut connection, topic, partition, offset).await
     }
 
     /// The value of the broker setting `key` (e.g.

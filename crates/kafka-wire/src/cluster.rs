@@ -10,12 +10,13 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{StrBytes, VersionRange};
 use kafka_protocol::ResponseError;
-use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::backoff::Backoff;
 use crate::config::WireConfig;
 use crate::connection::{versions, KafkaConnection};
 use crate::error::WireError;
+use crate::topic_id::TopicId;
 
 /// Metadata versions spoken: v1 added `controller_id` and null-means-all
 /// topics, v4 `allow_auto_topic_creation`, v9 flexible encoding, v10
@@ -39,32 +40,68 @@ pub(crate) struct ClusterMetadata {
     /// The error code of every partition of that topic whose metadata
     /// carries one (LEADER_NOT_AVAILABLE, REPLICA_NOT_AVAILABLE, ...).
     pub partition_errors: BTreeMap<i32, ResponseError>,
+    /// The leader epoch of every partition of that topic (Metadata v7+; -1
+    /// when the broker names none).
+    pub leader_epochs: BTreeMap<i32, i32>,
+    /// The topic's id (Metadata v10+; `None` when the broker names none).
+    pub topic_id: Option<TopicId>,
 }
 
 impl ClusterMetadata {
     /// The address of node `node_id`.
-    pub fn broker(&self, node_id: i32) -> Option<&str> {
+    pub(crate) fn broker(&self, node_id: i32) -> Option<&str> {
         self.brokers.get(&node_id).map(String::as_str)
     }
 }
 
-/// Opens a connection to the first server of the bootstrap list that
-/// answers.
+/// How long [`connect_any`] waits for one bootstrap server before it tries
+/// the next one beside it.
+const BOOTSTRAP_STAGGER: Duration = Duration::from_millis(300);
+
+/// Opens a connection to a server of the bootstrap list: the first that
+/// answers, tried in order but not one after the other — every
+/// [`BOOTSTRAP_STAGGER`] without an answer the next server is tried beside
+/// the ones still connecting, so one frozen or blackholed broker delays
+/// the others by a fraction of a second, not by a connection timeout.
+/// An error no retry cures (refused credentials, an untrusted certificate,
+/// a listener of another protocol) is returned at once: the other servers
+/// would say the same.
 pub(crate) async fn connect_any(config: &WireConfig) -> Result<KafkaConnection, WireError> {
+    let servers: Vec<String> = config.servers().to_vec();
+    let mut attempts = tokio::task::JoinSet::new();
+    let mut next = 0;
     let mut last = None;
-    for server in config.servers() {
-        match KafkaConnection::connect_with(server, &config.options).await {
-            Ok(connection) => return Ok(connection),
-            // Refused credentials, an untrusted certificate, a listener of
-            // another protocol: the other servers would say the same.
-            Err(error) if !error.is_retriable() => return Err(error),
-            Err(error) => {
-                debug!(%server, %error, "bootstrap server unreachable");
-                last = Some(error);
-            }
+    loop {
+        if next < servers.len() {
+            let (server, options) = (servers[next].clone(), config.options.clone());
+            attempts.spawn(async move {
+                let result = KafkaConnection::connect_with(&server, &options).await;
+                (server, result)
+            });
+            next += 1;
+        }
+        let stagger = tokio::time::sleep(BOOTSTRAP_STAGGER);
+        tokio::select! {
+            done = attempts.join_next() => match done {
+                None => break,
+                Some(Ok((_, Ok(connection)))) => return Ok(connection),
+                Some(Ok((_, Err(error)))) if !error.is_retriable() => return Err(error),
+                Some(Ok((server, Err(error)))) => {
+                    debug!(%server, %error, "bootstrap server unreachable");
+                    last = Some(error);
+                }
+                Some(Err(join)) => debug!(error = %join, "a bootstrap connection attempt failed"),
+            },
+            _ = stagger, if next < servers.len() => {}
+        }
+        if attempts.is_empty() && next >= servers.len() {
+            break;
         }
     }
-    let last = last.expect("a WireConfig has at least one server");
+    let last = last.unwrap_or_else(|| WireError::Connect {
+        addr: config.bootstrap().to_string(),
+        source: std::io::Error::other("every connection attempt ended without an answer"),
+    });
     Err(WireError::NoBrokerReachable {
         bootstrap: config.bootstrap().to_string(),
         last: Box::new(last),
@@ -118,6 +155,8 @@ fn cluster_metadata(addr: &str, topic: Option<&str>, response: MetadataResponse)
         .collect();
     let mut leaders = BTreeMap::new();
     let mut partition_errors = BTreeMap::new();
+    let mut leader_epochs = BTreeMap::new();
+    let mut topic_id = None;
     if let Some(wanted) = topic {
         let found = response
             .topics
@@ -135,11 +174,13 @@ fn cluster_metadata(addr: &str, topic: Option<&str>, response: MetadataResponse)
             found.error_code,
             Some(&format!("topic `{wanted}`")),
         )?;
+        topic_id = TopicId::from_wire(found.topic_id);
         for partition in &found.partitions {
             if let Some(error) = ResponseError::try_from_code(partition.error_code) {
                 partition_errors.insert(partition.partition_index, error);
             }
             leaders.insert(partition.partition_index, partition.leader_id.0);
+            leader_epochs.insert(partition.partition_index, partition.leader_epoch);
         }
     }
     Ok(ClusterMetadata {
@@ -147,7 +188,27 @@ fn cluster_metadata(addr: &str, topic: Option<&str>, response: MetadataResponse)
         brokers,
         leaders,
         partition_errors,
+        leader_epochs,
+        topic_id,
     })
+}
+
+/// The names of every topic of the cluster (Metadata asked for all
+/// topics), internal ones (`__consumer_offsets`, ...) included.
+pub(crate) async fn topic_names(
+    connection: &mut KafkaConnection,
+) -> Result<std::collections::BTreeSet<String>, WireError> {
+    let request = MetadataRequest::default()
+        .with_topics(None)
+        .with_allow_auto_topic_creation(false);
+    let (_, response) = connection.negotiated_request(METADATA, &request).await?;
+    WireError::check(connection.addr(), ApiKey::Metadata, response.error_code, None)?;
+    Ok(response
+        .topics
+        .into_iter()
+        .filter(|t| ResponseError::try_from_code(t.error_code).is_none())
+        .filter_map(|t| t.name.map(|n| n.0.to_string()))
+        .collect())
 }
 
 /// `HOST:PORT`, bracketing IPv6 literals.
@@ -204,47 +265,14 @@ impl CoordinatorKind {
 /// ready ([`COORDINATOR_NOT_READY`]): from [`FIRST_COORDINATOR_BACKOFF`],
 /// doubled up to [`MAX_COORDINATOR_BACKOFF`], for as long as the next pause
 /// still ends before the deadline.
-#[derive(Debug)]
-pub(crate) struct NotReadyBackoff {
-    deadline: Instant,
-    pause: Duration,
-    /// Attempts made so far (1 before the first pause).
-    pub attempts: u32,
+pub(crate) fn not_ready_backoff(wait: Duration) -> Backoff {
+    Backoff::new(wait, FIRST_COORDINATOR_BACKOFF, MAX_COORDINATOR_BACKOFF)
 }
 
-impl NotReadyBackoff {
-    /// Attempts may go on for `wait` from now.
-    pub fn new(wait: Duration) -> NotReadyBackoff {
-        NotReadyBackoff {
-            deadline: Instant::now() + wait,
-            pause: FIRST_COORDINATOR_BACKOFF,
-            attempts: 1,
-        }
-    }
-
-    /// The time left until the deadline.
-    pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
-    }
-
-    /// Whether to try again after `error`: it says the coordinator is not
-    /// ready, and the next pause ends before the deadline.
-    pub fn retries(&self, error: &WireError) -> bool {
-        error.broker_error().is_some_and(|e| COORDINATOR_NOT_READY.contains(&e))
-            && Instant::now() + self.pause <= self.deadline
-    }
-
-    /// Sleeps the next pause and counts the attempt to come.
-    pub async fn pause(&mut self) {
-        tokio::time::sleep(self.pause).await;
-        self.pause = (self.pause * 2).min(MAX_COORDINATOR_BACKOFF);
-        self.attempts += 1;
-    }
-
-    /// The pause [`pause`](Self::pause) will sleep.
-    pub fn next_pause(&self) -> Duration {
-        self.pause
-    }
+/// Whether to try again after `error`: it says the coordinator is not
+/// ready, and the next pause of `backoff` ends before its deadline.
+pub(crate) fn retries_not_ready(backoff: &Backoff, error: &WireError) -> bool {
+    error.broker_error().is_some_and(|e| COORDINATOR_NOT_READY.contains(&e)) && backoff.fits()
 }
 
 /// The address of the transaction coordinator of `transactional_id`; see
@@ -271,15 +299,15 @@ pub(crate) async fn coordinator(
     key: &str,
     wait: Duration,
 ) -> Result<String, WireError> {
-    let mut backoff = NotReadyBackoff::new(wait);
+    let mut backoff = not_ready_backoff(wait);
     loop {
         match find_coordinator_once(connection, kind, key).await {
-            Err(error) if backoff.retries(&error) => {
+            Err(error) if retries_not_ready(&backoff, &error) => {
                 debug!(
                     kind = kind.key_name(),
                     key,
                     %error,
-                    attempts = backoff.attempts,
+                    attempts = backoff.attempts(),
                     backoff = ?backoff.next_pause(),
                     "coordinator not ready; asking again"
                 );

@@ -64,8 +64,28 @@ impl KafkaConnection {
 
     /// Connects to `addr` (`HOST:PORT`), sets up TLS if the options ask
     /// for it, performs the ApiVersions handshake and authenticates with
-    /// SASL if the options ask for it.
+    /// SASL if the options ask for it — all of it within the options'
+    /// `connect_timeout` (`socket.connection.setup.timeout.ms`, 10 s by
+    /// default): a broker whose process is frozen still accepts TCP
+    /// connections (the kernel answers for it) but never answers
+    /// ApiVersions, and must not hold a caller for a whole request timeout.
     pub async fn connect_with(addr: &str, options: &ConnectionOptions) -> Result<KafkaConnection, WireError> {
+        match tokio::time::timeout(options.connect_timeout, Self::set_up(addr, options)).await {
+            Ok(result) => result,
+            Err(_) => Err(WireError::Connect {
+                addr: addr.to_string(),
+                source: io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "connection not set up (TCP, TLS, ApiVersions, SASL) within {:?}",
+                        options.connect_timeout
+                    ),
+                ),
+            }),
+        }
+    }
+
+    async fn set_up(addr: &str, options: &ConnectionOptions) -> Result<KafkaConnection, WireError> {
         let connect_error = |source| WireError::Connect {
             addr: addr.to_string(),
             source,

@@ -205,6 +205,64 @@ pub enum WireError {
         topic: String,
     },
 
+    /// A partition's log no longer holds what a position passed: an unclean
+    /// leader election (or a lost disk) truncated it below the position,
+    /// and the records between the divergence and the position are gone or
+    /// were replaced by others (KIP-320's check with OffsetForLeaderEpoch).
+    #[error(
+        "the log of {topic}/{partition} was truncated below the position read: the position is offset {position} \
+         after a record of leader epoch {epoch}, but the leader's log {}",
+        match divergence {
+            Some((offset, epoch)) => format!(
+                "diverges at offset {offset} (leader epoch {epoch} ends there): the records from {offset} to {} \
+                 that were read no longer exist, and new records take their offsets",
+                position - 1
+            ),
+            None => format!("has no record of leader epoch {epoch} (nothing tells where it diverges)"),
+        }
+    )]
+    LogTruncated {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The position: the next offset to read.
+        position: i64,
+        /// The leader epoch of the last record before the position.
+        epoch: i32,
+        /// The first offset past the last record the log still shares with
+        /// what was read, with the epoch it belongs to; `None` when the
+        /// leader cannot tell.
+        divergence: Option<(i64, i32)>,
+    },
+
+    /// The topic read was deleted and a topic of the same name created: its
+    /// offsets mean nothing for the new one.
+    #[error(
+        "topic `{topic}` was deleted and created again: it had id {was} when it was read, and has id {now} now; \
+         the positions read belong to the old topic"
+    )]
+    TopicRecreated {
+        /// The topic's name.
+        topic: String,
+        /// The id of the topic the positions belong to.
+        was: crate::TopicId,
+        /// The id of the topic of that name now.
+        now: crate::TopicId,
+    },
+
+    /// The topic read is missing from the cluster's metadata, for longer
+    /// than the fetcher waits for it to come back.
+    #[error("topic `{topic}` has been missing from the metadata of `{bootstrap}` for {missing_for:?} (deleted?)")]
+    TopicMissing {
+        /// The topic's name.
+        topic: String,
+        /// The bootstrap servers asked.
+        bootstrap: String,
+        /// How long it has been missing.
+        missing_for: std::time::Duration,
+    },
+
     /// Reading a partition stopped advancing before its high watermark.
     #[error(
         "reading {topic}/{partition} from Kafka broker {addr} stalled at offset {offset} \

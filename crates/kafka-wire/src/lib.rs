@@ -54,8 +54,7 @@
 //! # Ok(()) }
 //! ```
 
-#![warn(missing_docs)]
-
+pub mod backoff;
 mod batch;
 mod client;
 mod cluster;
@@ -64,13 +63,20 @@ mod connection;
 mod consumer_client;
 mod error;
 mod fetch;
+mod legacy;
 mod reader;
 pub mod records;
 mod sasl;
 mod scram;
 mod security;
 mod tls;
+mod topic_id;
 mod txn;
+
+/// A writer of v0/v1 message sets, shared with the integration tests.
+#[cfg(test)]
+#[path = "../tests/common/message_set.rs"]
+mod message_set;
 
 pub use client::WireClient;
 pub use config::{
@@ -78,9 +84,12 @@ pub use config::{
     DEFAULT_COORDINATOR_WAIT, DEFAULT_REQUEST_TIMEOUT,
 };
 pub use connection::KafkaConnection;
-pub use consumer_client::{ConsumerClient, OffsetSpec, TopicMetadata};
+pub use consumer_client::{ConsumerClient, EpochAsk, EpochEnd, Leader, OffsetSpec, TopicMetadata};
 pub use error::WireError;
-pub use fetch::{FetchCounters, FetchSettings, FetchedChunk, FetchedRecord, Fetcher, OffsetReset, FETCH_PROPERTIES};
+pub use fetch::{
+    FetchCounters, FetchPosition, FetchSettings, FetchedChunk, FetchedRecord, Fetcher, OffsetReset, OnTruncation,
+    Truncation, FETCH_PROPERTIES,
+};
 /// The `kafka-protocol` crate, whose message types [`KafkaConnection::request`] takes.
 pub use kafka_protocol;
 pub use records::{
@@ -88,7 +97,8 @@ pub use records::{
     DecodedBatch, EndedTransaction, OpenTransaction, RecordHeader,
 };
 pub use security::{CertificateCheck, SaslMechanism, SaslSettings, Security, SecurityProtocol, TlsSettings};
-pub use txn::EndTxnOutcome;
+pub use topic_id::TopicId;
+pub use txn::{BatchWriter, EndTxnOutcome};
 
 /// `HOST:PORT` of the transaction coordinator of `transactional_id`
 /// (FindCoordinator with key type 1, the node mapped through Metadata).

@@ -300,8 +300,13 @@ pub fn committed_records(
 /// broker may send when it cuts an answer at its byte limit, is left in
 /// `raw`. Batches are decompressed as needed (gzip, snappy, lz4, zstd).
 ///
-/// Fails on a batch in the pre-0.11 message format (magic 0 or 1), which
-/// carries no producer ids and no transactions, and on a corrupt batch.
+/// An entry of the message formats before v2 (magic 0 or 1: segments
+/// written before Kafka 0.11, still served as they lie on disk) becomes a
+/// plain batch (no producer id, never transactional) of its records: one
+/// for a plain message, every inner record of a compressed one (gzip,
+/// snappy, lz4).
+///
+/// Fails on a corrupt batch, naming its offset.
 pub fn decode_batches(raw: &mut Bytes) -> Result<Vec<DecodedBatch>, String> {
     let mut batches = Vec::new();
     while let Some(batch) = take_batch(raw)? {
@@ -318,8 +323,13 @@ fn decode_batch(batch: Bytes) -> Result<DecodedBatch, String> {
     } else {
         (None, decode_records(batch)?.into_iter().map(batch_record).collect())
     };
+    // A v0/v1 entry's header knows its last offset only.
+    let base_offset = match records.first() {
+        Some(first) if header.magic < 2 => first.offset,
+        _ => header.base_offset,
+    };
     Ok(DecodedBatch {
-        base_offset: header.base_offset,
+        base_offset,
         last_offset: header.last_offset,
         producer_id: header.producer_id,
         producer_epoch: header.producer_epoch,

@@ -87,7 +87,7 @@ async fn handshake(connection: &mut KafkaConnection, mechanism: SaslMechanism) -
 async fn scram<D>(connection: &mut KafkaConnection, sasl: &SaslSettings) -> Result<(), WireError>
 where
     D: hmac::digest::Digest
-        + hmac::digest::core_api::BlockSizeUser
+        + hmac::digest::block_api::BlockSizeUser
         + hmac::digest::FixedOutputReset
         + Clone
         + Default

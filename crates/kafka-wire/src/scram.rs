@@ -10,9 +10,9 @@
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use hmac::digest::core_api::BlockSizeUser;
+use hmac::digest::block_api::BlockSizeUser;
 use hmac::digest::{Digest, FixedOutputReset};
-use hmac::{Mac, SimpleHmac};
+use hmac::{KeyInit, Mac, SimpleHmac};
 
 /// Kafka refuses fewer iterations (`ScramMechanism.minIterations`); a
 /// server asking for fewer is not a Kafka broker or is misconfigured.
@@ -165,9 +165,11 @@ where
 
 /// A fresh client nonce: 24 random bytes in base64 (printable, no `,`).
 pub(crate) fn new_nonce() -> String {
-    use rand::RngCore;
+    use rand::TryRng;
     let mut bytes = [0u8; 24];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut bytes)
+        .expect("the operating system's random source answers");
     BASE64.encode(bytes)
 }
 
@@ -180,7 +182,7 @@ fn hmac<D>(key: &[u8], message: &[u8]) -> Vec<u8>
 where
     D: Digest + BlockSizeUser + FixedOutputReset + Clone + Default,
 {
-    let mut mac = <SimpleHmac<D> as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    let mut mac = <SimpleHmac<D> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
     mac.update(message);
     mac.finalize().into_bytes().to_vec()
 }

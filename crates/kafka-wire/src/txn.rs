@@ -1,15 +1,19 @@
 //! Finishing a transaction that its producer can no longer finish: EndTxn
-//! sent directly to the transaction coordinator.
+//! sent directly to the transaction coordinator; and which producer (id and
+//! epoch) wrote a transaction's records, read from their batch.
 
 use std::fmt;
 
-use kafka_protocol::messages::{EndTxnRequest, ProducerId, TransactionalId};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{ApiKey, BrokerId, EndTxnRequest, FetchRequest, ProducerId, TopicName, TransactionalId};
 use kafka_protocol::protocol::{StrBytes, VersionRange};
 use kafka_protocol::ResponseError;
-use tracing::info;
+use tracing::{debug, info};
 
+use crate::batch::{take_batch, BatchHeader};
 use crate::connection::{versions, KafkaConnection};
 use crate::error::WireError;
+use crate::reader::FETCH;
 
 /// EndTxn versions spoken. v3 is the flexible encoding, v4 may answer
 /// TRANSACTION_ABORTABLE. v5 is left out on purpose: it switches the
@@ -114,6 +118,93 @@ pub(crate) async fn end_txn_on(
         "EndTxn"
     );
     Ok(outcome)
+}
+
+/// Who wrote a record batch, from its header: the producer id and epoch a
+/// transaction's records carry are the ones EndTxn must name to end it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchWriter {
+    /// Offset of the batch's first record.
+    pub base_offset: i64,
+    /// Offset of its last record as written.
+    pub last_offset: i64,
+    /// The producer id (-1: neither idempotent nor transactional).
+    pub producer_id: i64,
+    /// The producer epoch.
+    pub producer_epoch: i16,
+    /// Whether the batch belongs to a transaction.
+    pub transactional: bool,
+}
+
+/// Byte limit of the Fetch that reads one batch: the broker sends the
+/// first batch whole even when it is larger.
+const BATCH_FETCH_BYTES: i32 = 64 * 1024;
+
+/// The header of the batch holding `offset` of `topic`/`partition`, read
+/// with one read_uncommitted Fetch from `leader` (the partition's leader).
+/// `None` when the answer holds no batch covering `offset` (it is at or
+/// past the high watermark, or below the log start).
+pub(crate) async fn batch_writer_on(
+    leader: &mut KafkaConnection,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<Option<BatchWriter>, WireError> {
+    let version = leader.version(ApiKey::Fetch, FETCH)?;
+    let wanted = FetchPartition::default()
+        .with_partition(partition)
+        .with_fetch_offset(offset)
+        .with_partition_max_bytes(BATCH_FETCH_BYTES)
+        .with_current_leader_epoch(-1)
+        .with_last_fetched_epoch(-1)
+        .with_log_start_offset(-1);
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(BATCH_FETCH_BYTES)
+        .with_isolation_level(0)
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![wanted])]);
+    let response = leader.request(version, &request).await?;
+    WireError::check(leader.addr(), ApiKey::Fetch, response.error_code, None)?;
+    let answer = response
+        .responses
+        .into_iter()
+        .filter(|t| t.topic.0.as_str() == topic)
+        .flat_map(|t| t.partitions)
+        .find(|p| p.partition_index == partition);
+    let Some(answer) = answer else {
+        return Err(WireError::Protocol {
+            addr: leader.addr().to_string(),
+            message: format!("the Fetch answer does not mention {topic}/{partition}"),
+        });
+    };
+    let context = format!("{topic}/{partition} at offset {offset}");
+    WireError::check(leader.addr(), ApiKey::Fetch, answer.error_code, Some(&context))?;
+    let mut raw = answer.records.unwrap_or_default();
+    let protocol = |message: String| WireError::Protocol {
+        addr: leader.addr().to_string(),
+        message: format!("{context}: {message}"),
+    };
+    while let Some(batch) = take_batch(&mut raw).map_err(protocol)? {
+        let header = BatchHeader::read(&batch).map_err(protocol)?;
+        if header.base_offset <= offset && offset <= header.last_offset {
+            let writer = BatchWriter {
+                base_offset: header.base_offset,
+                last_offset: header.last_offset,
+                producer_id: header.producer_id,
+                producer_epoch: header.producer_epoch,
+                transactional: header.transactional,
+            };
+            debug!(topic, partition, offset, ?writer, "batch writer");
+            return Ok(Some(writer));
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

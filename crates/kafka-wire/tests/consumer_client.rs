@@ -388,3 +388,34 @@ async fn waits_for_a_fresh_coordinator_and_reconnects_after_failures() {
     let expected = BTreeMap::from([(0, Some(1)), (1, Some(2))]);
     assert_eq!(committed.expect("OffsetFetch on a new connection"), expected);
 }
+
+/// A bootstrap server that accepts connections and never answers (a frozen
+/// or blackholed broker) holds up the others by a fraction of a second, not
+/// by the connection set-up timeout (`socket.connection.setup.timeout.ms`,
+/// 10 s): the next server is tried beside it.
+#[tokio::test]
+async fn a_silent_bootstrap_server_does_not_hold_up_the_next_one() {
+    let bootstrap = kafka().bootstrap();
+    let topic = new_topic(bootstrap, "wire-silent", 1).await;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let silent_address = silent.local_addr().unwrap();
+    // Accepts and keeps every connection open without a byte of answer.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let mut client = client(&format!("{silent_address},{bootstrap}"));
+    let started = std::time::Instant::now();
+    let metadata = client
+        .topic_metadata(&topic)
+        .await
+        .expect("Metadata through the second server");
+    let took = started.elapsed();
+    assert_eq!(metadata.leaders.len(), 1);
+    assert!(
+        took < Duration::from_secs(5),
+        "the silent first server held up the second for {took:?}: they are tried one after the other"
+    );
+}

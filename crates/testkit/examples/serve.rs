@@ -4,16 +4,19 @@
 //!
 //! ```text
 //! cargo run -p exactly-testkit --example serve -- postgres redis kafka
+//! cargo run -p exactly-testkit --example serve -- kafka-cluster
 //! ```
 //!
 //! The printed lines can be exported in another shell so that tests use
 //! these services as external ones (`EXACTLY_DATABASE_URL`,
 //! `EXACTLY_REDIS_URL`, `EXACTLY_KAFKA_BOOTSTRAP`) instead of starting
-//! their own.
+//! their own. `kafka-cluster` starts a three-broker cluster and prints its
+//! bootstrap servers (as `EXACTLY_KAFKA_BOOTSTRAP`, so only one of `kafka`
+//! and `kafka-cluster` fits one shell).
 
 use std::io::BufRead;
 
-use exactly_testkit::{KafkaBroker, PostgresServer, RedisServer, TestkitError};
+use exactly_testkit::{KafkaBroker, KafkaCluster, PostgresServer, RedisServer, TestkitError};
 
 fn main() -> Result<(), TestkitError> {
     let mut wanted: Vec<String> = std::env::args().skip(1).collect();
@@ -38,7 +41,12 @@ fn main() -> Result<(), TestkitError> {
                 println!("EXACTLY_KAFKA_BOOTSTRAP={}", kafka.bootstrap());
                 keep.push(Box::new(kafka));
             }
-            other => eprintln!("unknown service {other:?}: use postgres, redis or kafka"),
+            "kafka-cluster" => {
+                let cluster = KafkaCluster::start()?;
+                println!("EXACTLY_KAFKA_BOOTSTRAP={}", cluster.bootstrap());
+                keep.push(Box::new(cluster));
+            }
+            other => eprintln!("unknown service {other:?}: use postgres, redis, kafka or kafka-cluster"),
         }
     }
     eprintln!("running; press Enter to stop");

@@ -92,6 +92,22 @@ pub enum TestkitError {
         fix: &'static str,
     },
 
+    /// The container engine refused or failed an operation on a container
+    /// (only in a build with the `containers` feature).
+    #[cfg(feature = "containers")]
+    #[error("{service}: {action} failed: {source}. Fix: {fix}")]
+    Container {
+        /// Human name of the service.
+        service: &'static str,
+        /// What the testkit asked the engine, naming the container.
+        action: String,
+        /// How to fix it.
+        fix: &'static str,
+        /// The engine's answer.
+        #[source]
+        source: Box<testcontainers::TestcontainersError>,
+    },
+
     /// Freezing or thawing a service's processes did not take effect in
     /// time.
     #[error(
@@ -106,6 +122,52 @@ pub enum TestkitError {
         action: &'static str,
         /// The threads (`pid/tid`) not yet in the state asked for.
         threads: String,
+    },
+
+    /// A request to a Kafka broker of a cluster the kit started failed, or
+    /// the broker (or its controller) refused it.
+    #[error("{service}: {action} failed: {source}. Fix: {fix}")]
+    Kafka {
+        /// Human name of the service.
+        service: &'static str,
+        /// What the kit asked for (`creating topic t`, ...).
+        action: String,
+        /// How to fix it.
+        fix: &'static str,
+        /// Why it failed: a socket error, or the broker's error code and
+        /// message.
+        #[source]
+        source: crate::kafka::KafkaRequestError,
+    },
+
+    /// An HTTP request to a service the kit started (the schema registry's
+    /// REST API) failed, or the service refused it.
+    #[error("{service}: {action} failed: {detail}. Fix: {fix}")]
+    Http {
+        /// Human name of the service.
+        service: &'static str,
+        /// What the kit asked for (`registering a schema under subject s`).
+        action: String,
+        /// The transport error, or the HTTP status and the service's answer.
+        detail: String,
+        /// How to fix it.
+        fix: &'static str,
+    },
+
+    /// A condition the kit waits for (a broker back in a cluster, a topic's
+    /// leaders and in-sync replicas, ...) did not hold in time.
+    #[error("{service}: {condition} did not hold within {waited_s} s; last seen: {last}. Fix: {fix}")]
+    Timeout {
+        /// Human name of the service.
+        service: &'static str,
+        /// What was waited for.
+        condition: String,
+        /// How long.
+        waited_s: u64,
+        /// The state last observed (or the last error).
+        last: String,
+        /// How to fix it.
+        fix: &'static str,
     },
 
     /// The operation is not possible because the handle points at an
@@ -134,8 +196,10 @@ impl TestkitError {
     /// binding it). The testkit retries such start-ups on a fresh port.
     pub fn is_port_conflict(&self) -> bool {
         let text = match self {
-            TestkitError::StartFailed { log_tail, .. } => log_tail,
-            TestkitError::CommandFailed { output, .. } => output,
+            TestkitError::StartFailed { log_tail, .. } => log_tail.clone(),
+            TestkitError::CommandFailed { output, .. } => output.clone(),
+            #[cfg(feature = "containers")]
+            TestkitError::Container { source, .. } => source.to_string(),
             _ => return false,
         };
         let text = text.to_ascii_lowercase();

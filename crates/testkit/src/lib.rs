@@ -9,8 +9,16 @@
 //! - [`KafkaBroker`]: an Apache Kafka broker (one KRaft node run from its
 //!   jars, or in a container), shared per test process or a test's own
 //!   (env override of the shared one: `EXACTLY_KAFKA_BOOTSTRAP`);
+//! - [`KafkaCluster`]: several KRaft brokers (three by default) from the
+//!   same jars, each of which a test may stop, kill, start, freeze and
+//!   thaw, with topics of explicit replica assignments and preferred and
+//!   unclean leader elections (local jars only);
 //! - [`RedisServer`]: `redis-server` without persistence, or in a
-//!   container (env override: `EXACTLY_REDIS_URL`).
+//!   container (env override: `EXACTLY_REDIS_URL`);
+//! - [`SchemaRegistry`]: Apicurio Registry serving the Confluent-compatible
+//!   schema registry API, run from its jar, shared per test process or a
+//!   test's own, with basic authentication and TLS in front on demand
+//!   (env override of the shared one: `EXACTLY_SCHEMA_REGISTRY_URL`).
 //!
 //! When the override variable is set, `start()` (and
 //! [`KafkaBroker::shared`]) only carry that address and stop nothing. A
@@ -21,6 +29,12 @@
 //! `thaw()` to simulate outages.
 //!
 //! # Docker fallback
+//!
+//! Only in a build with the kit's `containers` feature (off by default;
+//! exactly's tests turn it on, the demo does not, and without it the kit
+//! builds none of `testcontainers`, `bollard` and their protocol crates
+//! and starts local programs only: the error then says Docker was not
+//! tried because of the missing feature).
 //!
 //! Every service is looked for in this order: the override variable (where
 //! it applies), the local programs (for Kafka: `java` and the jars
@@ -57,7 +71,10 @@
 //! ends without dropping its handle.
 //!
 //! For connector authors, [`crash`] runs a pipeline through SIGKILLs at
-//! every crash point of the runtime and checks the output exactly once.
+//! every crash point of the runtime and checks the output exactly once. It
+//! is the crate `exactly-crash-kit`, re-exported here: a connector's tests
+//! that need only the crash kit depend on that crate alone, which builds
+//! none of the services' clients.
 //!
 //! ```no_run
 //! let pg = exactly_testkit::PostgresServer::start()?;
@@ -65,10 +82,8 @@
 //! # Ok::<(), exactly_testkit::TestkitError>(())
 //! ```
 
-#![warn(missing_docs)]
-
 mod container;
-pub mod crash;
+pub use exactly_crash_kit as crash;
 mod error;
 #[macro_use]
 mod handle;
@@ -76,12 +91,14 @@ pub mod kafka;
 pub mod postgres;
 mod process;
 pub mod redis;
+pub mod schema_registry;
 pub mod tls;
 
 pub use container::DOCKER_MODE_ENV;
 pub use error::{Result, TestkitError};
 pub use handle::Backend;
-pub use kafka::{KafkaBroker, KafkaBrokerBuilder, SecuredListener};
+pub use kafka::{KafkaBroker, KafkaBrokerBuilder, KafkaCluster, KafkaClusterBuilder, SecuredListener};
 pub use postgres::PostgresServer;
 pub use process::{free_port, port_accepts};
 pub use redis::RedisServer;
+pub use schema_registry::{RegistryFront, SchemaRegistry};

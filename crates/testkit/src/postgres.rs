@@ -1,8 +1,13 @@
 //! A throwaway PostgreSQL cluster (from local binaries or in a container),
 //! or an external one named by `EXACTLY_DATABASE_URL`.
 
+// The container path's settings are used only with the `containers`
+// feature; the build with it checks them.
+#![cfg_attr(not(feature = "containers"), allow(dead_code))]
+
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
+#[cfg(any(test, feature = "containers"))]
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -12,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::container::{self, Container, ContainerSpec, DockerMode, Engine, Managed};
+#[cfg(feature = "containers")]
+use crate::container::ContainerSpec;
+use crate::container::{self, Container, DockerMode, Engine, Managed};
 use crate::error::{Result, TestkitError};
 use crate::handle::{Kind, Lifecycle, ServiceHandle};
 use crate::process::{self, Startup};
@@ -701,6 +708,7 @@ impl Drop for Cluster {
 /// `testcontainers-modules`) with trust authentication for `postgres` and
 /// the testkit's settings, ready once the server started by the image after
 /// its initialisation accepts TCP connections.
+#[cfg(feature = "containers")]
 fn start_container(engine: &Engine) -> Result<(Container, TempDir)> {
     use testcontainers::core::IntoContainerPort;
     use testcontainers::ImageExt;
@@ -733,7 +741,15 @@ fn start_container(engine: &Engine) -> Result<(Container, TempDir)> {
     Ok((container, dir))
 }
 
+/// No container in a build without the `containers` feature (no engine
+/// either, so this is never called).
+#[cfg(not(feature = "containers"))]
+fn start_container(engine: &Engine) -> Result<(Container, TempDir)> {
+    match *engine {}
+}
+
 /// The server's settings in the container: those of a local cluster.
+#[cfg(feature = "containers")]
 fn command_line() -> Vec<String> {
     vec![
         "-c".into(),
@@ -747,6 +763,7 @@ fn command_line() -> Vec<String> {
 /// temporary server for its initialisation that listens on the Unix socket
 /// only, so `pg_isready` must go through TCP; the host-side probe then checks
 /// the published port reaches it.
+#[cfg(feature = "containers")]
 fn container_ready(container: &Container) -> bool {
     let port = container.inner_port().to_string();
     container.exec_ok(&["pg_isready", "-q", "-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
@@ -756,6 +773,7 @@ fn container_ready(container: &Container) -> bool {
 /// Whether a PostgreSQL server answers on `127.0.0.1:port`: it replies `S`
 /// or `N` to an SSLRequest. A published Docker port may accept connections
 /// before the server inside listens, so accepting alone proves nothing.
+#[cfg(any(test, feature = "containers"))]
 fn postgres_answers(port: u16) -> bool {
     const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
     let timeout = Duration::from_secs(2);
@@ -810,6 +828,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "containers")]
     #[test]
     fn the_container_gets_the_local_clusters_settings() {
         let args = command_line().join(" ");

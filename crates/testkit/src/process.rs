@@ -557,11 +557,27 @@ impl GroupChild {
         }
     }
 
-    /// Sends `signal` to the whole process group, if it still runs.
-    pub(crate) fn signal(&self, signal: libc::c_int) {
-        if let Some(pid) = self.pid() {
-            signal_process_group(pid, signal);
+    /// Asks the process to stop (SIGTERM to its process group) and waits up to
+    /// `grace` for it to exit; kills the process group if it has not.
+    /// Returns whether it exited on its own.
+    pub(crate) fn terminate(&mut self, grace: Duration) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return true;
+        };
+        signal_process_group(child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                // The leader is gone; end whatever of its group is left.
+                let pgid = child.id();
+                self.child = None;
+                signal_process_group(pgid, libc::SIGKILL);
+                return true;
+            }
+            sleep(Duration::from_millis(50));
         }
+        self.kill();
+        false
     }
 
     /// Kills the whole process group with SIGKILL and reaps the leader.

@@ -1,14 +1,23 @@
 //! A throwaway Redis server (from the local `redis-server` or in a
 //! container), or an external one named by `EXACTLY_REDIS_URL`.
 
+// The container path's settings are used only with the `containers`
+// feature; the build with it checks them.
+#![cfg_attr(not(feature = "containers"), allow(dead_code))]
+
 use std::ffi::OsString;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::time::Duration;
+#[cfg(feature = "containers")]
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    time::Duration,
+};
 
 use tempfile::TempDir;
 
-use crate::container::{self, Container, ContainerSpec, DockerMode, Engine, Managed};
+#[cfg(feature = "containers")]
+use crate::container::ContainerSpec;
+use crate::container::{self, Container, DockerMode, Engine, Managed};
 use crate::error::{Result, TestkitError};
 use crate::handle::{Kind, ServiceHandle};
 use crate::process::{self, ChildService, ChildSpec};
@@ -152,7 +161,15 @@ fn durability(persistent: bool) -> &'static [&'static str] {
     }
 }
 
+/// No container in a build without the `containers` feature (no engine
+/// either, so this is never called).
+#[cfg(not(feature = "containers"))]
+fn start_container(engine: &Engine, _persistent: bool) -> Result<(Container, TempDir)> {
+    match *engine {}
+}
+
 /// A [`REDIS_IMAGE`] container with the local server's settings.
+#[cfg(feature = "containers")]
 fn start_container(engine: &Engine, persistent: bool) -> Result<(Container, TempDir)> {
     use testcontainers::core::IntoContainerPort;
     use testcontainers::ImageExt;
@@ -185,6 +202,7 @@ fn start_container(engine: &Engine, persistent: bool) -> Result<(Container, Temp
 
 /// Whether Redis answers `PING` on `127.0.0.1:port` (a published Docker
 /// port may accept connections before the server inside listens).
+#[cfg(feature = "containers")]
 fn redis_answers(port: u16) -> bool {
     let timeout = Duration::from_secs(2);
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));

@@ -147,7 +147,7 @@ fn rcgen_error(action: &'static str) -> impl FnOnce(rcgen::Error) -> TestkitErro
         service: SERVICE,
         action: action.to_string(),
         fix: "this is a bug of the test kit's certificate generation",
-        source: std::io::Error::other(error.to_string()),
+        source: std::io::Error::other(error),
     }
 }
 

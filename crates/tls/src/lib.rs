@@ -7,6 +7,11 @@
 //! (libpq's `sslmode=require`/`prefer` without a root certificate). The
 //! handshake's signatures are verified either way: the peer must hold the
 //! key of the certificate it shows.
+//!
+//! [`libpq`] reads libpq's TLS settings (`sslmode`, `sslrootcert`, …) out of
+//! a PostgreSQL connection string and builds the rustls settings for them.
+
+pub mod libpq;
 
 use std::sync::Arc;
 

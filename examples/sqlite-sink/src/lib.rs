@@ -17,7 +17,7 @@
 //! ([`exactly_core::plan_recovery`]). Names come from
 //! [`exactly_core::TransactionNames`]: `exactly:<pipeline>:<subtask>:<checkpoint>`.
 //!
-//! [`Mode`] has two deliberately broken variants for the crash kit's own
+//! [`Mode`] has three deliberately broken variants for the crash kit's own
 //! tests, which must catch them.
 
 use std::path::PathBuf;
@@ -42,6 +42,10 @@ pub enum Mode {
     /// Broken: `recover` aborts the listed transactions instead of
     /// committing them (their records are lost).
     AbortOnRecover,
+    /// Broken: `recover` commits what is listed but never deletes the
+    /// staged rows of unlisted transactions (the output is right; the
+    /// staging table grows with every crash).
+    LeakStaging,
 }
 
 impl std::str::FromStr for Mode {
@@ -51,8 +55,9 @@ impl std::str::FromStr for Mode {
             "correct" => Ok(Mode::Correct),
             "commit-at-pre-commit" => Ok(Mode::CommitAtPreCommit),
             "abort-on-recover" => Ok(Mode::AbortOnRecover),
+            "leak-staging" => Ok(Mode::LeakStaging),
             other => Err(format!(
-                "unknown mode `{other}`: correct, commit-at-pre-commit or abort-on-recover"
+                "unknown mode `{other}`: correct, commit-at-pre-commit, abort-on-recover or leak-staging"
             )),
         }
     }
@@ -60,6 +65,7 @@ impl std::str::FromStr for Mode {
 
 /// Creates the SQLite sink of every subtask, writing into the database file
 /// `path`.
+#[derive(Debug)]
 pub struct SqliteSinkFactory {
     /// The database file.
     pub path: PathBuf,
@@ -84,6 +90,7 @@ impl SinkFactory for SqliteSinkFactory {
 }
 
 /// One interval's rows, held until `pre_commit`.
+#[derive(Debug)]
 pub struct Staging {
     txn: String,
     values: Vec<String>,
@@ -108,6 +115,14 @@ fn sqlite_error(what: &str, e: rusqlite::Error) -> ConnectorError {
     // A busy database or an I/O error may pass: the pipeline restarts from
     // the last checkpoint.
     ConnectorError::transient(format!("SQLite sink: {what}"), e)
+}
+
+/// The lock file of `pipeline` beside the database `path`:
+/// `<path>.exactly-<pipeline>.lock`.
+pub fn instance_lock_file(path: &std::path::Path, pipeline: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".exactly-{pipeline}.lock"));
+    PathBuf::from(name)
 }
 
 /// Opens the database with durable commits and creates the tables. Two
@@ -182,6 +197,19 @@ impl SqliteSink {
             Some(db) => db.clone(),
             None => {
                 let path = self.path.clone();
+                // One process per pipeline and database: recovery deletes
+                // the staged rows of every transaction of the pipeline the
+                // checkpoint does not list, so a second process (started
+                // with another checkpoint folder) must be refused before it
+                // touches the database.
+                let pipeline = self.context.pipeline.clone();
+                let lock = instance_lock_file(&path, &pipeline);
+                let store = format!("the SQLite database {}", path.display());
+                tokio::task::spawn_blocking(move || {
+                    exactly_core::hold_instance_lock(&lock, &pipeline, &store, "another `path`")
+                })
+                .await
+                .expect("lock task panicked")?;
                 let db = tokio::task::spawn_blocking(move || open(&path))
                     .await
                     .expect("SQLite task panicked")
@@ -221,7 +249,10 @@ impl TwoPhaseCommitSink for SqliteSink {
         for c in plan.commit {
             self.commit(c).await?;
         }
-        let abort = plan.abort;
+        let mut abort = plan.abort;
+        if self.mode == Mode::LeakStaging {
+            abort.clear();
+        }
         let aborted = abort.len();
         self.with_db("deleting unlisted staged transactions", move |db| {
             for txn in &abort {
@@ -247,8 +278,20 @@ impl TwoPhaseCommitSink for SqliteSink {
     }
 
     async fn write(&mut self, txn: &mut Staging, batch: &[Record]) -> Result<(), ConnectorError> {
-        txn.values
-            .extend(batch.iter().map(|r| String::from_utf8_lossy(&r.value).into_owned()));
+        for r in batch {
+            // This table stores text; a null value (a tombstone) has no text
+            // and must not become an empty string: refuse it, naming it.
+            let Some(value) = &r.value else {
+                return Err(ConnectorError::fatal(
+                    "sqlite sink",
+                    format!(
+                        "record {}@{} has a null value, which this sink cannot store",
+                        r.split, r.offset
+                    ),
+                ));
+            };
+            txn.values.push(String::from_utf8_lossy(value).into_owned());
+        }
         Ok(())
     }
 
@@ -299,6 +342,16 @@ pub fn read_records(path: &std::path::Path) -> Result<Vec<String>, rusqlite::Err
     let mut query = db.prepare("SELECT value FROM records")?;
     let values = query.query_map([], |r| r.get(0))?;
     values.collect()
+}
+
+/// The transactions whose rows are still staged in the database at `path`
+/// (pre-committed, neither committed nor aborted): after a pipeline ended
+/// cleanly there must be none (the crash kit's leftovers check).
+pub fn staged_transactions(path: &std::path::Path) -> Result<Vec<String>, rusqlite::Error> {
+    let db = Connection::open(path)?;
+    let mut query = db.prepare("SELECT DISTINCT txn FROM exactly_staged ORDER BY txn")?;
+    let txns = query.query_map([], |r| r.get(0))?;
+    txns.collect()
 }
 
 /// The connector guide, whose compiled examples run as doc tests here.

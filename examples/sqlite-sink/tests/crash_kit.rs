@@ -1,13 +1,13 @@
 //! The SQLite sink under the crash kit: exact after SIGKILLs at every crash
 //! point of the runtime and at random moments, with both negative controls
 //! — and the kit's own proof that it fails a sink that commits at
-//! pre-commit and one that aborts on recover.
+//! pre-commit, one that aborts on recover and one that leaks staged rows.
 
 use std::process::Command;
 use std::time::Duration;
 
 use exactly_core::SequenceSourceFactory;
-use exactly_testkit::crash::{plan, Case, CrashMatrix};
+use exactly_crash_kit::{plan, Case, CrashMatrix};
 
 fn inputs() -> Vec<String> {
     SequenceSourceFactory {
@@ -33,6 +33,9 @@ fn matrix(mode: &'static str) -> CrashMatrix {
         },
         |case: &Case| exactly_example_sqlite_sink::read_records(&case.dir.join("out.db")).map_err(|e| e.to_string()),
     )
+    .leftovers(|case: &Case| {
+        exactly_example_sqlite_sink::staged_transactions(&case.dir.join("out.db")).map_err(|e| e.to_string())
+    })
     .random_kills(3, Duration::from_millis(200)..Duration::from_millis(1500))
 }
 
@@ -80,4 +83,54 @@ fn the_kit_fails_a_sink_that_aborts_on_recover() {
         "{failure}"
     );
     let _ = std::fs::remove_dir_all(&failure.dir);
+}
+
+/// A sink whose recovery never deletes unlisted staged rows has exact
+/// output but leaks: the kit's leftovers check must fail it.
+#[test]
+fn the_kit_fails_a_sink_that_leaks_staged_rows() {
+    let broken = matrix("leak-staging");
+    let case = plan::exactly_once_cases()
+        .into_iter()
+        .find(|c| c.name == "after_pre_commit_before_persist")
+        .expect("the plan has the case");
+    let failure = broken
+        .check_case(&case)
+        .expect_err("the kit passed a sink that leaks staged rows");
+    eprintln!("{failure}");
+    assert!(
+        failure.problem.contains("the output is exact") && failure.problem.contains("still holds"),
+        "{failure}"
+    );
+    let _ = std::fs::remove_dir_all(&failure.dir);
+}
+
+/// A second process of the pipeline writing the same database (another
+/// checkpoint folder) is refused before it touches the database, naming
+/// the holder: here the test holds the lock as the first process would.
+#[test]
+fn a_second_process_of_the_pipeline_is_refused_naming_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("out.db");
+    let lock = exactly_example_sqlite_sink::instance_lock_file(&db, "sqlite-example");
+    exactly_core::hold_instance_lock(&lock, "sqlite-example", "the test's database", "another path")
+        .expect("the test takes the lock first");
+    let out = Command::new(env!("CARGO_BIN_EXE_sqlite-pipeline"))
+        .arg(&db)
+        .arg(dir.path().join("checkpoints"))
+        .arg("exactly-once")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second process ran:\n{log}");
+    assert!(
+        log.contains("pipeline `sqlite-example` already writes into the SQLite database")
+            && log.contains(&format!("process {} on host", std::process::id())),
+        "{log}"
+    );
+    assert!(
+        exactly_example_sqlite_sink::read_records(&db).map_or(true, |r| r.is_empty()),
+        "the refused process wrote records"
+    );
 }

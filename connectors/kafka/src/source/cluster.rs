@@ -1,35 +1,20 @@
-//! Which Kafka cluster a checkpoint's offsets were read from: the entry
-//! `<topic>@cluster:<id>` in the positions, and the check at restore that
-//! refuses offsets of another cluster.
+//! Which Kafka cluster and which topic a checkpoint's offsets were read
+//! from (the entries of [`positions`](super::positions)), and the checks
+//! at restore that refuse offsets of another cluster or of a topic
+//! deleted and created again since.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use exactly_core::{ConnectorError, SplitPositions};
+use exactly_core::ConnectorError;
+use exactly_kafka_wire::TopicId;
 
 use super::Settings;
-
-/// The position entry naming the cluster the positions of `topic` were
-/// read from (see [`KafkaSourceFactory`](super::KafkaSourceFactory)).
-pub(super) fn cluster_marker(topic: &str, cluster: &str) -> String {
-    format!("{topic}{CLUSTER_MARKER}{cluster}")
-}
-
-/// Between the topic and the cluster id in [`cluster_marker`].
-const CLUSTER_MARKER: &str = "@cluster:";
-
-/// The clusters `positions` say the offsets of `topic` were read from.
-pub(super) fn recorded_clusters<'a>(positions: &'a SplitPositions, topic: &str) -> BTreeSet<&'a str> {
-    positions
-        .0
-        .keys()
-        .filter_map(|key| key.strip_prefix(topic)?.strip_prefix(CLUSTER_MARKER))
-        .collect()
-}
 
 /// Whether offsets read from the clusters `recorded` may be resumed on the
 /// cluster `current` the brokers answer as.
 pub(super) fn check_cluster(
     settings: &Settings,
+    topic: &str,
     recorded: &BTreeSet<&str>,
     current: Option<&str>,
 ) -> Result<(), ConnectorError> {
@@ -74,20 +59,55 @@ pub(super) fn check_cluster(
              run the pipeline under a new `name` or `checkpoint.dir` (a first start); only if cluster `{current}` \
              holds the very same offsets (a migration that kept them), set `accept_cluster_id = \"{current}\"` in \
              [source.kafka]",
-            topic = settings.topic(),
             bootstrap = config.bootstrap,
         ),
     ))
 }
 
-/// The partitions of `topic` that `positions` hold an offset for.
-pub(super) fn checkpointed_partitions(positions: &SplitPositions, topic: &str) -> BTreeMap<i32, i64> {
-    positions
-        .0
+/// What a restore does with offsets read from the topic(s) `recorded`
+/// when the topic is `current` now: `Ok(true)` resume them, `Ok(false)`
+/// read the topic from its beginning (it was recreated, and
+/// `accept_topic_id` names the new one), `Err` refuse (recreated, not
+/// accepted).
+pub(super) fn check_topic_id(
+    settings: &Settings,
+    topic: &str,
+    recorded: &BTreeSet<TopicId>,
+    current: Option<TopicId>,
+) -> Result<bool, ConnectorError> {
+    let Some(current) = current else {
+        return Ok(true);
+    };
+    if recorded.is_empty() || recorded.contains(&current) {
+        return Ok(true);
+    }
+    let was = recorded
         .iter()
-        .filter_map(|(split, offset)| {
-            let partition = split.strip_prefix(topic)?.strip_prefix('-')?.parse().ok()?;
-            Some((partition, *offset))
-        })
-        .collect()
+        .map(|id| format!("`{id}`"))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    let accepted = settings
+        .config
+        .accept_topic_id
+        .as_deref()
+        .and_then(|id| id.parse::<TopicId>().ok());
+    if accepted == Some(current) {
+        tracing::warn!(
+            source = %settings.label,
+            was = %was,
+            now = %current,
+            "topic was recreated; reading the new topic from its beginning, as `accept_topic_id` says"
+        );
+        return Ok(false);
+    }
+    Err(ConnectorError::fatal(
+        settings.context(),
+        format!(
+            "topic `{topic}` was deleted and created again since the checkpoint: its offsets were read from the \
+             topic with id {was}, and the topic of that name has id `{current}` now. The offsets mean nothing in \
+             the new topic (resuming would skip its first records or read past its end). To read the new topic \
+             from its beginning, set `accept_topic_id = \"{current}\"` in [source.kafka]; to start over \
+             altogether, run the pipeline under a new `name` or `checkpoint.dir`"
+        ),
+    ))
 }

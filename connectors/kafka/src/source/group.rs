@@ -13,8 +13,11 @@ use super::Settings;
 /// Position snapshots kept for group commits.
 pub(super) const SNAPSHOTS_KEPT: usize = 64;
 
+/// Offsets to commit: by topic, partition → offset.
+pub(super) type TopicOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
+
 /// The latest offsets to commit, and the checkpoint they belong to.
-type Latest = Option<(CheckpointId, BTreeMap<i32, i64>)>;
+type Latest = Option<(CheckpointId, TopicOffsets)>;
 
 /// Commits checkpointed offsets to the consumer group from a task of its
 /// own, one commit at a time; a newer request replaces a pending older one
@@ -35,16 +38,21 @@ impl GroupCommitter {
                 let Some((checkpoint, offsets)) = requests.borrow_and_update().clone() else {
                     continue;
                 };
-                let result = client.commit_offsets(&settings.group, settings.topic(), &offsets).await;
-                settings.metrics.committed(result.is_ok());
-                match result {
-                    Ok(()) => tracing::debug!(source = %settings.label, %checkpoint, "offsets committed to the group"),
-                    Err(error) => tracing::warn!(
-                        source = %settings.label,
-                        %checkpoint,
-                        %error,
-                        "committing offsets to the group failed (best effort)"
-                    ),
+                for (topic, offsets) in &offsets {
+                    let result = client.commit_offsets(&settings.group, topic, offsets).await;
+                    settings.metrics.committed(result.is_ok());
+                    match result {
+                        Ok(()) => {
+                            tracing::debug!(source = %settings.label, %topic, %checkpoint, "offsets committed to the group")
+                        }
+                        Err(error) => tracing::warn!(
+                            source = %settings.label,
+                            %topic,
+                            %checkpoint,
+                            %error,
+                            "committing offsets to the group failed (best effort)"
+                        ),
+                    }
                 }
             }
         });
@@ -53,7 +61,7 @@ impl GroupCommitter {
 
     /// Commits `offsets` of `checkpoint` soon, instead of any request not
     /// sent yet.
-    pub(super) fn request(&self, checkpoint: CheckpointId, offsets: BTreeMap<i32, i64>) {
+    pub(super) fn request(&self, checkpoint: CheckpointId, offsets: TopicOffsets) {
         self.latest.send_replace(Some((checkpoint, offsets)));
     }
 }

@@ -21,7 +21,7 @@ pub(crate) struct KafkaSourceMetrics {
 
 /// A point-in-time copy of a Kafka source's counters, from
 /// [`KafkaSourceFactory::metrics`](super::KafkaSourceFactory::metrics).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KafkaSourceMetricsSnapshot {
     /// Errors the source rode out (broker down, connection refused,
     /// timeouts, a partition whose leader moved...): retried with backoff,
@@ -37,6 +37,23 @@ pub struct KafkaSourceMetricsSnapshot {
     /// they were read (`auto.offset.reset`); each was logged with the
     /// offsets skipped. Above 0, records were lost to retention.
     pub positions_reset: u64,
+    /// Partitions whose log was found truncated below the position read
+    /// and read on from the divergence (`on_log_truncation = "resume"`).
+    pub truncations: u64,
+    /// Offsets read before such truncations that no longer exist in the
+    /// log (from each divergence to the position read then).
+    pub truncated_offsets: u64,
+    /// Times a partition's leader (or leader epoch) changed under a fetcher.
+    pub leader_changes: u64,
+    /// The topics read that are missing from the metadata now (deleted):
+    /// the source waits for them up to `missing_topic_timeout`, and the
+    /// pipeline is not ready meanwhile.
+    pub missing_topics: std::collections::BTreeSet<String>,
+    /// Fetch answers received, by the node id of the broker that sent them.
+    pub fetches_by_node: std::collections::BTreeMap<i32, u64>,
+    /// The node id of the broker each partition (topic, partition) is
+    /// fetched from now (its leader, or a replica it named).
+    pub fetching_from: std::collections::BTreeMap<(String, i32), i32>,
 }
 
 impl KafkaSourceMetrics {
@@ -48,6 +65,12 @@ impl KafkaSourceMetrics {
             group_commit_failures: self.group_commit_failures.load(Ordering::Relaxed),
             partitions_discovered: self.partitions_discovered.load(Ordering::Relaxed),
             positions_reset: self.fetch.positions_reset(),
+            truncations: self.fetch.truncations(),
+            truncated_offsets: self.fetch.truncated_offsets(),
+            leader_changes: self.fetch.leader_changes(),
+            missing_topics: self.fetch.missing_topics(),
+            fetches_by_node: self.fetch.fetches_by_node(),
+            fetching_from: self.fetch.fetching_from(),
         }
     }
 

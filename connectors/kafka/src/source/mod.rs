@@ -1,35 +1,39 @@
 //! The Kafka source: [`KafkaSourceFactory`] and its subtasks.
 //!
-//! One file per step: [`open`] (partitions, cluster check, start offsets),
-//! [`discovery`] (partitions added later), [`records`] (fetched records
-//! as the pipeline's), [`group`] (offsets published to the consumer group),
-//! [`cluster`] (which cluster offsets belong to), [`metrics`]. Records come
-//! from an [`exactly_kafka_wire::Fetcher`] per subtask.
+//! One file per step: [`open`] (a topic's partitions, cluster and topic
+//! checks, start offsets), [`topic`] (one topic as a subtask reads it),
+//! [`discovery`] (partitions and topics added later), [`records`] (fetched
+//! records as the pipeline's), [`group`] (offsets published to the consumer
+//! group), [`positions`] (what a checkpoint holds: offsets, leader epochs,
+//! the cluster and the topic's id), [`cluster`] (the checks of the last
+//! two), [`metrics`]. Records come from an [`exactly_kafka_wire::Fetcher`]
+//! per topic and subtask.
 
 mod cluster;
 mod discovery;
 mod group;
 mod metrics;
 mod open;
+mod positions;
 mod records;
 #[cfg(test)]
 mod tests;
+mod topic;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use exactly_core::{CheckpointId, ConnectorError, Poll, Record, Source, SourceFactory, SplitPositions};
-use exactly_kafka_wire::{FetchSettings, Fetcher, OffsetSpec, WireConfig, WireError};
+use exactly_kafka_wire::{FetchSettings, OffsetSpec, WireConfig, WireError};
 
-use crate::config::{KafkaConfigError, KafkaSourceConfig};
-use cluster::cluster_marker;
-use discovery::{Discovered, Discovery};
-use group::{GroupCommitter, Progress};
+use crate::config::{KafkaConfigError, KafkaSourceConfig, Subscription};
+use discovery::{Discovered, Discovery, Reading};
+use group::{GroupCommitter, Progress, TopicOffsets};
 pub(crate) use metrics::KafkaSourceMetrics;
 pub use metrics::KafkaSourceMetricsSnapshot;
-use records::{Draining, SplitNames};
+use topic::TopicReader;
 
 /// How long `poll` waits for the first record.
 const POLL_WAIT: Duration = Duration::from_millis(100);
@@ -40,14 +44,19 @@ pub fn split_name(topic: &str, partition: i32) -> String {
     format!("{topic}-{partition}")
 }
 
-/// Reads one Kafka topic with exactly-once positions.
+/// Reads Kafka topics with exactly-once positions: one (`topic`), several
+/// (`topics`) or every topic matching a regex (`topic_regex`, topics
+/// created later included).
 ///
-/// - Partition `p` belongs to subtask `p % parallelism`; partitions are assigned
-///   explicitly (the source never joins the group, no rebalancing).
+/// - With one topic, partition `p` belongs to subtask `p % parallelism`;
+///   with several, each topic's partitions go round the subtasks from a
+///   place of the topic's own (see [`Subscription::owner`]). Partitions are
+///   assigned explicitly (the source never joins the group, no
+///   rebalancing).
 /// - Splits are named `<topic>-<partition>`; a split's position is the offset of
 ///   the next record to read. Checkpointed positions are the only truth.
 /// - Records are read with Kafka's own protocol (`exactly-kafka-wire`'s
-///   [`Fetcher`]): read_committed Fetch requests, one in flight per
+///   [`Fetcher`](exactly_kafka_wire::Fetcher)): read_committed Fetch requests, one in flight per
 ///   partition leader, answers decoded in place (keys and values are slices
 ///   of the answer, never copied), at most `queued.max.messages.kbytes`
 ///   (4 MiB) read ahead per subtask.
@@ -61,15 +70,31 @@ pub fn split_name(topic: &str, partition: i32) -> String {
 ///   every position (so later checkpoints keep it too) and read from that
 ///   offset once discovery finds it again — never from its beginning.
 ///
-/// The identity is `kafka:topic=<topic>`. The cluster the offsets belong to
+/// ## Leaders, truncation, recreated topics
+///
+/// Every position records the leader epoch of the last record it passed.
+/// The fetcher checks it with the partition's leader on restore and after
+/// every change of leader (KIP-320): a log that an unclean leader election
+/// truncated below the position stops the pipeline with an error naming
+/// the partition, the position and where the log diverges
+/// (`on_log_truncation = "resume"` reads on there instead, counted). It
+/// fetches with the current leader epoch, so after an election or a
+/// rolling restart it follows the new leader at once instead of reading on
+/// from a follower. The checkpoint also records the topic's id: a topic
+/// deleted and created again under the same name is refused at restore
+/// (`accept_topic_id` reads the new one from its beginning), and stops a
+/// running pipeline; a topic missing from the metadata stops it after
+/// `missing_topic_timeout`.
+///
+/// The identity is `kafka:topic=<topic>` (`kafka:topics=…`,
+/// `kafka:topic_regex=…`). The cluster the offsets belong to
 /// decides what they mean too, but knowing it takes a request to the
 /// brokers, and an identity is computed without I/O (when the pipeline is
 /// built, and for every fingerprint check). So the source records the
-/// cluster id (from the brokers' metadata) in its positions instead, as
-/// the entry `<topic>@cluster:<id>` (value 0; no split can be named so,
-/// topic names have no `@` or `:`), and `restore` refuses positions taken
-/// on another cluster with a fatal error naming both ids and the fix —
-/// unless `accept_cluster_id` names the cluster the brokers answer as now.
+/// cluster id (from the brokers' metadata) in its positions instead (see
+/// `source::positions`), and `restore` refuses positions taken on another
+/// cluster with a fatal error naming both ids and the fix — unless
+/// `accept_cluster_id` names the cluster the brokers answer as now.
 /// Positions without the entry (written before it existed) are accepted,
 /// and carry it from the next checkpoint on.
 #[derive(Debug, Clone)]
@@ -80,13 +105,15 @@ pub struct KafkaSourceFactory {
 #[derive(Debug)]
 struct Settings {
     config: KafkaSourceConfig,
+    /// What it reads.
+    subscription: Subscription,
     group: String,
     /// How to reach the brokers (bootstrap, security, timeouts).
     wire: WireConfig,
     /// How to fetch.
     fetch: FetchSettings,
     metrics: Arc<KafkaSourceMetrics>,
-    /// `<bootstrap>/<topic>`, for logs and errors.
+    /// `<bootstrap>/<topics>`, for logs and errors.
     label: String,
 }
 
@@ -97,10 +124,12 @@ impl KafkaSourceFactory {
         config.validate()?;
         let (wire, fetch) = config.client_settings()?;
         let group = config.group_for(pipeline);
-        let label = format!("{}/{}", config.bootstrap, config.topic);
+        let subscription = config.subscription();
+        let label = format!("{}/{}", config.bootstrap, subscription.label());
         Ok(KafkaSourceFactory {
             settings: Arc::new(Settings {
                 config,
+                subscription,
                 group,
                 wire,
                 fetch,
@@ -113,6 +142,11 @@ impl KafkaSourceFactory {
     /// The settings.
     pub fn config(&self) -> &KafkaSourceConfig {
         &self.settings.config
+    }
+
+    /// What it reads.
+    pub fn subscription(&self) -> &Subscription {
+        &self.settings.subscription
     }
 
     /// The consumer group offsets are committed to.
@@ -128,7 +162,7 @@ impl KafkaSourceFactory {
 
 impl SourceFactory for KafkaSourceFactory {
     fn identity(&self) -> String {
-        format!("kafka:topic={}", self.settings.config.topic)
+        self.settings.subscription.identity()
     }
 
     fn create(&self, subtask: usize, parallelism: usize) -> Result<Box<dyn Source>, ConnectorError> {
@@ -142,14 +176,8 @@ impl SourceFactory for KafkaSourceFactory {
             settings: self.settings.clone(),
             subtask,
             parallelism,
-            reading: None,
-            cluster: None,
-            next: BTreeMap::new(),
-            waiting: BTreeMap::new(),
-            known: BTreeSet::new(),
+            running: None,
             progress: Progress::default(),
-            end: None,
-            names: SplitNames::default(),
         }))
     }
 }
@@ -159,18 +187,37 @@ impl Settings {
         format!("kafka source {}", self.label)
     }
 
-    fn topic(&self) -> &str {
-        &self.config.topic
-    }
-
-    fn split(&self, partition: i32) -> String {
-        split_name(self.topic(), partition)
-    }
-
-    /// A fetcher error as the pipeline's: what the fetcher stops on is
-    /// fatal (it retried everything else itself).
-    fn fatal(&self, error: WireError) -> ConnectorError {
-        ConnectorError::fatal(self.context(), error.to_string())
+    /// A fetcher error of `topic` as the pipeline's: what the fetcher stops
+    /// on is fatal (it retried everything else itself), with what the
+    /// operator can do where the source has a setting for it.
+    fn fatal(&self, topic: &str, error: WireError) -> ConnectorError {
+        let fix = match &error {
+            WireError::LogTruncated {
+                divergence: Some(_), ..
+            } => format!(
+                ". The pipeline stopped rather than skip or repeat records. Find out what the cluster lost (an \
+                 unclean leader election, a replaced disk); then either set `on_log_truncation = \"resume\"` in \
+                 [source.kafka] to read on at the divergence (the records that no longer exist are counted in \
+                 exactly_kafka_source_truncated_offsets_total, and position-fenced sinks drop the new records at \
+                 offsets they stored already), or start the pipeline under a new `name` or `checkpoint.dir` to \
+                 read `{topic}` anew"
+            ),
+            WireError::LogTruncated { divergence: None, .. } => format!(
+                ". The leader cannot say where its log diverges, so nothing can be resumed safely; start the \
+                 pipeline under a new `name` or `checkpoint.dir` to read `{topic}` anew"
+            ),
+            WireError::TopicRecreated { now, .. } => format!(
+                ". The offsets read mean nothing in the new topic; restart the pipeline with `accept_topic_id = \
+                 \"{now}\"` in [source.kafka] to read the new topic from its beginning"
+            ),
+            WireError::TopicMissing { .. } => format!(
+                ". Recreate the topic, or fix `topic`; `missing_topic_timeout` ({}) sets how long a missing topic \
+                 is waited for",
+                humantime::format_duration(self.config.missing_topic_timeout)
+            ),
+            _ => String::new(),
+        };
+        ConnectorError::fatal(self.context(), format!("{error}{fix}")).caused_by(error)
     }
 }
 
@@ -180,226 +227,218 @@ struct KafkaSource {
     subtask: usize,
     parallelism: usize,
     /// Set by `restore`.
-    reading: Option<Reading>,
-    /// The id of the cluster the brokers belong to, when they report one.
-    cluster: Option<String>,
-    /// Next offset to read of every owned partition.
-    next: BTreeMap<i32, i64>,
-    /// Owned partitions the restored checkpoint lists that the metadata did
-    /// not show yet, with their checkpointed offsets: reported in every
-    /// position, and where each one resumes once discovery finds it.
-    waiting: BTreeMap<i32, i64>,
-    /// Every partition of the topic seen so far, owned or not.
-    known: BTreeSet<i32>,
+    running: Option<Running>,
     progress: Progress,
-    /// With `stop_at_end`: the last stable offset of every owned partition at start.
-    end: Option<BTreeMap<i32, i64>>,
-    names: SplitNames,
 }
 
 /// What a restored subtask reads with.
-struct Reading {
-    fetcher: Fetcher,
-    /// The chunk being handed out.
-    draining: Option<Draining>,
-    /// The error the fetcher stopped with while a poll had records to hand
-    /// out already: reported by the next poll.
-    stopped: Option<WireError>,
+struct Running {
+    /// The topics read, by name.
+    topics: BTreeMap<String, TopicReader>,
+    /// Which topic's records are taken first in the next poll (turns, so
+    /// no topic starves another).
+    turn: usize,
+    /// The checkpoint's entries of topics not read now (a `topic_regex`
+    /// topic deleted since): reported in every position, so a topic that
+    /// comes back resumes them.
+    kept: SplitPositions,
     discovery: Discovery,
     committer: GroupCommitter,
 }
 
-impl KafkaSource {
-    /// With `stop_at_end`: every owned partition is read up to its end.
-    /// Transaction markers are never delivered, but positions move past
-    /// them, so a topic that ends with one is read to its end too.
-    fn reached_end(&self) -> bool {
-        let Some(end) = &self.end else { return false };
-        end.iter().all(|(p, end)| self.next.get(p).is_some_and(|n| n >= end))
+impl Running {
+    /// What a discovery round needs to know.
+    fn reading(&self) -> Reading {
+        Reading {
+            known: self.topics.iter().map(|(t, r)| (t.clone(), r.known.clone())).collect(),
+            waiting: self
+                .topics
+                .iter()
+                .map(|(t, r)| (t.clone(), r.waiting.clone()))
+                .collect(),
+        }
     }
 
-    fn reading(&mut self) -> Result<&mut Reading, ConnectorError> {
-        self.reading
-            .as_mut()
-            .ok_or_else(|| ConnectorError::fatal(self.settings.context(), "poll called before restore"))
-    }
-
-    /// Takes the partitions a discovery round found.
-    fn add_partitions(&mut self, found: Discovered) {
-        let added: Vec<(i32, i64)> = found
-            .added
-            .into_iter()
-            .filter(|(p, _)| !self.next.contains_key(p))
-            .collect();
-        self.known.extend(found.all);
-        let Some(reading) = self.reading.as_ref() else { return };
-        for &(p, offset) in &added {
-            if self.waiting.remove(&p).is_some() {
-                tracing::info!(
-                    source = %self.settings.label,
-                    partition = p,
-                    offset,
-                    "partition of the checkpoint is back in the metadata: resuming at its checkpointed offset"
-                );
-            } else {
-                tracing::info!(source = %self.settings.label, partition = p, offset, "new partition picked up");
+    /// Takes what a discovery round found.
+    fn discovered(&mut self, settings: &Settings, found: Discovered) {
+        for topic in found.gone {
+            if let Some(reader) = self.topics.remove(&topic) {
+                tracing::warn!(source = %settings.label, %topic, "the topic is gone from the cluster: no longer read; its positions are kept");
+                reader.position(&mut self.kept);
             }
-            reading.fetcher.add(p, offset);
-            self.next.insert(p, offset);
         }
-        self.settings.metrics.add_discovered(added.len() as u64);
+        for (topic, partitions) in found.partitions {
+            if let Some(reader) = self.topics.get_mut(&topic) {
+                reader.add_partitions(settings, partitions);
+            }
+        }
+        for opened in found.opened {
+            let topic = opened.topic.clone();
+            self.kept.0.retain(|key, _| !entry_of(key, &topic));
+            self.topics.insert(topic, TopicReader::start(settings, opened, None));
+        }
     }
 
-    /// Hands out up to `max` records of the chunks fetched, waiting up to
-    /// [`POLL_WAIT`] for a first chunk when none is there.
-    async fn take(&mut self, max: usize) -> Result<Vec<Record>, ConnectorError> {
-        let settings = self.settings.clone();
-        let topic = settings.topic();
-        let reading = self.reading.as_mut().expect("checked by the caller");
-        if let Some(error) = reading.stopped.take() {
-            return Err(settings.fatal(error));
-        }
+    /// Hands out up to `max` records from the topics' fetched chunks,
+    /// waiting up to [`POLL_WAIT`] for one when none is there.
+    async fn take(&mut self, settings: &Settings, max: usize) -> Result<Vec<Record>, ConnectorError> {
         let mut records = Vec::new();
-        let mut waited = false;
-        while records.len() < max {
-            let Some(draining) = reading.draining.as_mut() else {
-                let chunk = match reading.fetcher.try_next() {
-                    Ok(None) if records.is_empty() && !waited => {
-                        waited = true;
-                        reading.fetcher.next(POLL_WAIT).await
-                    }
-                    other => other,
-                };
-                let chunk = match chunk {
-                    Ok(chunk) => chunk,
-                    Err(error) if records.is_empty() => return Err(settings.fatal(error)),
-                    Err(error) => {
-                        // The records taken are handed out (their offsets
-                        // are past `next` already); the error comes next.
-                        reading.stopped = Some(error);
-                        None
-                    }
-                };
-                let Some(chunk) = chunk else { break };
-                let split = self.names.of(topic, chunk.partition);
-                reading.draining = Some(Draining::new(chunk, split));
-                continue;
-            };
-            let next = self.next.entry(draining.partition).or_default();
-            if records.is_empty() {
-                records.reserve_exact(max);
+        self.take_round(settings, max, &mut records)?;
+        if records.is_empty() && !self.topics.is_empty() {
+            let waits = self.topics.values_mut().map(|reader| Box::pin(reader.wait(POLL_WAIT)));
+            let (came, _, _) = futures_util::future::select_all(waits).await;
+            if came {
+                self.take_round(settings, max, &mut records)?;
             }
-            while records.len() < max {
-                let Some(record) = draining.next_record() else { break };
-                if record.offset < *next {
-                    tracing::warn!(
-                        source = %settings.label,
-                        partition = draining.partition,
-                        offset = record.offset,
-                        next = *next,
-                        "dropping a record delivered again"
-                    );
-                    continue;
-                }
-                *next = record.offset + 1;
-                records.push(record);
-            }
-            if records.len() < max {
-                // Drained: the partition is read up to where its chunk
-                // ends, past markers and aborted records too.
-                *next = (*next).max(draining.next_offset);
-                reading.draining = None;
-            }
+        } else if self.topics.is_empty() {
+            tokio::time::sleep(POLL_WAIT).await;
         }
         Ok(records)
     }
+
+    /// One turn round the topics, each giving what it has without waiting.
+    fn take_round(&mut self, settings: &Settings, max: usize, records: &mut Vec<Record>) -> Result<(), ConnectorError> {
+        let count = self.topics.len();
+        self.turn = self.turn.wrapping_add(1);
+        let first = self.turn % count.max(1);
+        let mut readers: Vec<&mut TopicReader> = self.topics.values_mut().collect();
+        readers.rotate_left(first);
+        for reader in readers {
+            if records.len() >= max {
+                break;
+            }
+            reader.take(settings, max, records)?;
+        }
+        Ok(())
+    }
 }
 
-fn owns(partition: i32, subtask: usize, parallelism: usize) -> bool {
-    partition as usize % parallelism == subtask
+/// Whether position entry `key` belongs to `topic` (its partitions' entries
+/// and facts, and the topic's own facts).
+fn entry_of(key: &str, topic: &str) -> bool {
+    key.strip_prefix(topic).is_some_and(|rest| {
+        rest.starts_with('@')
+            || rest.strip_prefix('-').is_some_and(|p| {
+                p.split('@')
+                    .next()
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+    })
+}
+
+/// The topics `positions` hold entries of that match `subscription`.
+fn checkpointed_topics(positions: &SplitPositions, subscription: &Subscription) -> std::collections::BTreeSet<String> {
+    positions
+        .0
+        .keys()
+        .filter_map(|key| {
+            let split = key.split('@').next()?;
+            let (topic, partition) = split.rsplit_once('-')?;
+            partition.parse::<i32>().ok()?;
+            subscription.matches(topic).then(|| topic.to_string())
+        })
+        .collect()
 }
 
 #[async_trait]
 impl Source for KafkaSource {
     async fn restore(&mut self, positions: Option<&SplitPositions>) -> Result<(), ConnectorError> {
-        if self.reading.is_some() {
+        if self.running.is_some() {
             return Err(ConnectorError::fatal(self.settings.context(), "restore called twice"));
         }
         let settings = self.settings.clone();
-        let mut opened = open::open(&settings, self.subtask, self.parallelism, positions).await?;
-        tracing::info!(
-            source = %settings.label,
-            subtask = self.subtask,
-            cluster = opened.cluster.as_deref().unwrap_or("unknown"),
-            positions = ?opened.next,
-            "Kafka source assigned"
-        );
-        if !opened.waiting.is_empty() {
-            tracing::warn!(
+        let owner = (self.subtask, self.parallelism);
+        let mut client = open::start_client(&settings);
+        let subscribed = open::subscribed_topics(&settings, &mut client).await?;
+        let mut topics = BTreeMap::new();
+        for topic in &subscribed {
+            let opened = open::open(&settings, &mut client, topic, owner, positions).await?;
+            tracing::info!(
                 source = %settings.label,
                 subtask = self.subtask,
-                partitions = ?opened.waiting,
-                "partitions of the checkpoint are missing from the topic's metadata: keeping their checkpointed \
-                 offsets until they are back"
+                %topic,
+                cluster = opened.cluster.as_deref().unwrap_or("unknown"),
+                topic_id = %opened.topic_id.map_or_else(|| "unknown".to_string(), |id| id.to_string()),
+                positions = ?opened.next,
+                "Kafka source assigned"
             );
+            if !opened.waiting.is_empty() {
+                tracing::warn!(
+                    source = %settings.label,
+                    subtask = self.subtask,
+                    %topic,
+                    partitions = ?opened.waiting,
+                    "partitions of the checkpoint are missing from the topic's metadata: keeping their \
+                     checkpointed offsets until they are back"
+                );
+            }
+            let end = if settings.config.stop_at_end {
+                let owned: Vec<i32> = opened.next.keys().copied().collect();
+                // The last stable offsets: a transaction still open at
+                // start is not waited for.
+                let end = open::ends(&mut client, topic, &owned, OffsetSpec::LastStable)
+                    .await
+                    .map_err(|e| {
+                        ConnectorError::transient(settings.context(), format!("reading the end offsets of `{topic}`"))
+                            .caused_by(e)
+                    })?;
+                tracing::info!(source = %settings.label, subtask = self.subtask, %topic, ?end, "bounded run: reading up to these offsets");
+                Some(end)
+            } else {
+                None
+            };
+            topics.insert(topic.clone(), TopicReader::start(&settings, opened, end));
         }
-        if settings.config.stop_at_end {
-            let owned: Vec<i32> = opened.next.keys().copied().collect();
-            // The last stable offsets: a transaction still open at start is
-            // not waited for.
-            let end = open::ends(&mut opened.client, settings.topic(), &owned, OffsetSpec::LastStable)
-                .await
-                .map_err(|e| ConnectorError::transient(settings.context(), format!("reading the end offsets: {e}")))?;
-            tracing::info!(source = %settings.label, subtask = self.subtask, ?end, "bounded run: reading up to these offsets");
-            self.end = Some(end);
+        // The checkpoint's topics not read now keep their entries.
+        let mut kept = SplitPositions::default();
+        if let Some(positions) = positions {
+            for topic in checkpointed_topics(positions, &settings.subscription) {
+                if !topics.contains_key(&topic) {
+                    tracing::warn!(source = %settings.label, %topic, "a topic of the checkpoint is not in the cluster: keeping its positions until it is back");
+                    for (key, value) in positions.0.iter().filter(|(k, _)| entry_of(k, &topic)) {
+                        kept.set(key.clone(), *value);
+                    }
+                }
+            }
         }
-        let fetcher = Fetcher::start(
-            settings.wire.clone(),
-            settings.topic(),
-            opened.next.clone(),
-            settings.fetch.clone(),
-            settings.metrics.fetch.clone(),
-        );
-        self.reading = Some(Reading {
-            fetcher,
-            draining: None,
-            stopped: None,
-            discovery: Discovery::new(opened.client, &settings),
+        self.running = Some(Running {
+            topics,
+            turn: 0,
+            kept,
+            discovery: Discovery::new(client, &settings),
             committer: GroupCommitter::start(settings.clone()),
         });
-        self.cluster = opened.cluster;
-        self.next = opened.next;
-        self.waiting = opened.waiting;
-        self.known = opened.partitions;
         Ok(())
     }
 
     async fn poll(&mut self, max_records: usize) -> Result<Poll, ConnectorError> {
-        self.reading()?;
-        if self.reached_end() {
-            return Ok(Poll::Finished);
-        }
         let settings = self.settings.clone();
         let owner = (self.subtask, self.parallelism);
-        let reading = self.reading.as_mut().expect("checked above");
-        let found = reading
-            .discovery
-            .poll(&settings, owner, &self.known, &self.waiting)
-            .await
-            .map_err(|e| settings.fatal(e))?;
-        if let Some(found) = found {
-            self.add_partitions(found);
+        let running = self
+            .running
+            .as_mut()
+            .ok_or_else(|| ConnectorError::fatal(settings.context(), "poll called before restore"))?;
+        if settings.config.stop_at_end && running.topics.values().all(TopicReader::reached_end) {
+            return Ok(Poll::Finished);
         }
-        Ok(Poll::Records(self.take(max_records.max(1)).await?))
+        let reading = running.reading();
+        let found = running
+            .discovery
+            .poll(&settings, owner, &reading, &running.kept)
+            .await?;
+        if let Some(found) = found {
+            running.discovered(&settings, found);
+        }
+        Ok(Poll::Records(running.take(&settings, max_records.max(1)).await?))
     }
 
     fn position(&mut self, checkpoint: CheckpointId) -> SplitPositions {
         let mut positions = SplitPositions::default();
-        for (partition, next) in self.waiting.iter().chain(&self.next) {
-            positions.set(self.settings.split(*partition), *next);
-        }
-        if let Some(cluster) = &self.cluster {
-            positions.set(cluster_marker(self.settings.topic(), cluster), 0);
+        if let Some(running) = &self.running {
+            positions.merge(&running.kept);
+            for reader in running.topics.values() {
+                reader.position(&mut positions);
+            }
         }
         self.progress.record(checkpoint, positions.clone());
         positions
@@ -412,13 +451,15 @@ impl Source for KafkaSource {
         let Some(positions) = self.progress.completed(checkpoint) else {
             return Ok(());
         };
-        let offsets: BTreeMap<i32, i64> = self
-            .next
-            .keys()
-            .filter_map(|p| Some((*p, positions.get(&self.settings.split(*p))?)))
+        let Some(running) = &self.running else { return Ok(()) };
+        let offsets: TopicOffsets = running
+            .topics
+            .iter()
+            .map(|(topic, reader)| (topic.clone(), reader.offsets_in(&positions)))
+            .filter(|(_, offsets)| !offsets.is_empty())
             .collect();
-        if let (false, Some(reading)) = (offsets.is_empty(), &self.reading) {
-            reading.committer.request(checkpoint, offsets);
+        if !offsets.is_empty() {
+            running.committer.request(checkpoint, offsets);
         }
         Ok(())
     }

@@ -29,6 +29,8 @@ pub(super) struct Draining {
     pub(super) split: SplitName,
     /// Where the partition is read up to once every record is handed out.
     pub(super) next_offset: i64,
+    /// The leader epoch of the last batch the chunk passed.
+    pub(super) next_epoch: Option<i32>,
     records: std::vec::IntoIter<FetchedRecord>,
     /// Holds the chunk's place in the fetcher's queue until it is drained.
     _chunk: FetchedChunk,
@@ -41,27 +43,27 @@ impl Draining {
             partition: chunk.partition,
             split,
             next_offset: chunk.next_offset,
+            next_epoch: chunk.next_epoch,
             records,
             _chunk: chunk,
         }
     }
 
-    /// The next record, as a [`Record`] of this chunk's split: key and
-    /// value are the fetched slices (no copy), a null value is an empty
-    /// one, a header without a value an empty value.
-    pub(super) fn next_record(&mut self) -> Option<Record> {
+    /// The next record, as a [`Record`] of this chunk's split (key and
+    /// value are the fetched slices, no copy; a null value — a tombstone —
+    /// and a null header value stay null), with the leader epoch of its
+    /// batch (`None`: unknown).
+    pub(super) fn next_record(&mut self) -> Option<(Record, Option<i32>)> {
         let fetched = self.records.next()?;
-        Some(Record {
+        let epoch = (fetched.leader_epoch >= 0).then_some(fetched.leader_epoch);
+        let record = Record {
             split: self.split.clone(),
             offset: fetched.offset,
             key: fetched.key,
-            value: fetched.value.unwrap_or_default(),
+            value: fetched.value,
             timestamp_ms: (fetched.timestamp >= 0).then_some(fetched.timestamp),
-            headers: fetched
-                .headers
-                .into_iter()
-                .map(|h| (h.key, h.value.unwrap_or_default()))
-                .collect(),
-        })
+            headers: fetched.headers.into_iter().map(|h| (h.key, h.value)).collect(),
+        };
+        Some((record, epoch))
     }
 }

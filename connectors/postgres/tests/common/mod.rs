@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: a real PostgreSQL from
 //! exactly-testkit, sinks built from TOML, and queries that check outcomes.
 
-#![allow(dead_code)] // each test binary uses a different subset
+#![allow(dead_code, unreachable_pub)] // each test binary uses a different subset; helpers, not an API
 
 use std::sync::{Arc, Mutex, Weak};
 

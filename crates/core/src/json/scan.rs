@@ -49,7 +49,7 @@ type Result<T> = std::result::Result<T, serde_json::Error>;
 
 impl<'j, 'f> Scanner<'j, 'f> {
     /// A scanner of `json` whose answers go to `found` (one slot per pointer).
-    pub fn new(json: &'j [u8], found: &'f mut [Option<Value>]) -> Scanner<'j, 'f> {
+    pub(crate) fn new(json: &'j [u8], found: &'f mut [Option<Value>]) -> Scanner<'j, 'f> {
         Scanner {
             json,
             at: 0,
@@ -60,7 +60,7 @@ impl<'j, 'f> Scanner<'j, 'f> {
     }
 
     /// Reads the whole document, following `wanted` from its root.
-    pub fn document(&mut self, wanted: &[Wanted<'_>]) -> Result<()> {
+    pub(crate) fn document(&mut self, wanted: &[Wanted<'_>]) -> Result<()> {
         self.value(wanted)?;
         self.skip_whitespace();
         if self.at < self.json.len() {

@@ -6,10 +6,13 @@
 //! A sink subtask owns the transactions it names with its pipeline, its
 //! own subtask index and those of [`SinkContext::adopted`](crate::SinkContext::adopted)
 //! — nothing else, so two pipelines (or two tables of one pipeline) sharing
-//! a store never touch each other's transactions.
+//! a store never touch each other's transactions. And one process per
+//! pipeline and store: [`hold_instance_lock`] refuses a second one.
 
+mod instance;
 mod name;
 mod recover;
 
+pub use instance::hold_instance_lock;
 pub use name::TransactionNames;
 pub use recover::{plan_recovery, RecoveryPlan};

@@ -69,6 +69,12 @@ impl std::str::FromStr for Guarantee {
     }
 }
 
+/// How long a standby that took the pipeline's lock waits before it
+/// recovers: a holder whose lock session the server ended (rather than its
+/// own exit) notices within a second, stops acting and closes its sinks'
+/// sessions in that time.
+pub const STANDBY_TAKEOVER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Settings of a pipeline.
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
@@ -102,6 +108,11 @@ pub struct PipelineConfig {
     /// be read and the sinks do not prove the replay harmless: the records
     /// after it are written again (duplicates).
     pub allow_fallback: bool,
+    /// While another process holds the pipeline's lock, wait as a hot
+    /// standby — trying to take it every this often — instead of failing
+    /// at once; take over (recovery from the store's latest checkpoints)
+    /// as soon as it is free. `None` (the default) refuses at once.
+    pub standby: Option<std::time::Duration>,
 }
 
 impl PipelineConfig {
@@ -120,6 +131,7 @@ impl PipelineConfig {
             allow_parallelism_change: false,
             allow_first_start: false,
             allow_fallback: false,
+            standby: None,
         }
     }
 

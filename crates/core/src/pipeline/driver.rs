@@ -2,25 +2,32 @@
 //! its subtasks' reports and the clock, and carry out its actions — trigger
 //! barriers, persist checkpoints in the region's store, tell sinks to
 //! commit — until the final checkpoint is committed or something fails.
+//!
+//! Every effect goes through [`Effects`], so the tests in `driver/tests.rs`
+//! run this very driver on paused time against recorded effects.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::messages::{Report, SourceCommand};
-use super::region::Region;
-use super::wiring::Wired;
-use super::{AttemptFailure, Pipeline};
-use crate::coordinator::{Action, Coordinator, Event};
+use super::effects::Effects;
+use super::messages::{PersistOutcome, Report};
+use super::AttemptFailure;
+use crate::coordinator::{Action, CheckpointConfig, Coordinator, Event, TaskId};
 use crate::error::{ConnectorError, PipelineError, StoreError};
-use crate::fault;
+use crate::metrics::Metrics;
 use crate::record::CheckpointId;
-use crate::store::CheckpointEntry;
+
+#[cfg(test)]
+mod tests;
 
 /// Checkpoint ids reserved durably at a time (see
-/// [`CheckpointStore::reserve_ids`](crate::CheckpointStore::reserve_ids)).
-const ID_RESERVATION_BLOCK: u64 = 100;
+/// [`Checkpoints::reserve_ids`](crate::Checkpoints::reserve_ids)).
+pub(super) const ID_RESERVATION_BLOCK: u64 = 100;
 
 /// The longest the driver sleeps when nothing is due (a safety net: every
 /// deadline it waits for is computed, see [`Driver::next_wake`]).
@@ -43,11 +50,23 @@ enum Wake {
     Report(Report),
 }
 
+/// What the driver needs to know about the region it drives.
+pub(super) struct DriverSettings {
+    /// The pipeline's name, for errors.
+    pub(super) pipeline: String,
+    /// `Some(i)` for region `i`, `None` for the one region of global failover.
+    pub(super) region: Option<usize>,
+    pub(super) checkpoint: CheckpointConfig,
+    /// The tasks whose acknowledgements complete a checkpoint.
+    pub(super) tasks: Vec<TaskId>,
+}
+
 /// The state of one attempt's coordination.
-pub(super) struct Driver<'p> {
-    pipeline: &'p Pipeline,
-    region: &'p Region,
-    wired: Wired,
+pub(super) struct Driver<E: Effects> {
+    settings: DriverSettings,
+    metrics: Arc<Metrics>,
+    effects: E,
+    reports: mpsc::UnboundedReceiver<Report>,
     coordinator: Coordinator,
     started: Instant,
     /// The highest checkpoint id reserved in the store.
@@ -61,47 +80,55 @@ pub(super) struct Driver<'p> {
     final_completed: bool,
     /// Per sink subtask: everything pending up to this id is committed.
     committed_upto: BTreeMap<usize, CheckpointId>,
-    /// The latest `committed_upto` minimum handed to the store, and the
-    /// write that records it.
+    /// The latest `committed_upto` minimum handed to the store.
     recorded_committed: CheckpointId,
-    recording: Option<tokio::task::JoinHandle<()>>,
     triggered_at: Option<(CheckpointId, Instant)>,
     writing: Option<CheckpointWrite>,
     last_completed: Option<CheckpointId>,
     made_progress: bool,
 }
 
-impl<'p> Driver<'p> {
+impl<E: Effects> Driver<E> {
     /// A driver for subtasks that start from `restored` (`None`: a first
-    /// start) with ids reserved up to `reserved`.
+    /// start) with ids reserved up to `reserved`; they report on `reports`.
     pub(super) fn new(
-        pipeline: &'p Pipeline,
-        region: &'p Region,
-        wired: Wired,
+        settings: DriverSettings,
+        metrics: Arc<Metrics>,
+        effects: E,
+        reports: mpsc::UnboundedReceiver<Report>,
         restored: Option<CheckpointId>,
         reserved: Option<CheckpointId>,
-    ) -> Driver<'p> {
-        let config = pipeline.config.checkpoint.clone();
-        let coordinator = Coordinator::for_tasks(config, region.tasks(), restored, reserved, 0);
+    ) -> Driver<E> {
+        let coordinator = Coordinator::for_tasks(
+            settings.checkpoint.clone(),
+            settings.tasks.iter().copied(),
+            restored,
+            reserved,
+            0,
+        );
+        let sources = settings.tasks.iter().filter_map(|t| match t {
+            TaskId::Source(i) => Some((*i, false)),
+            TaskId::Sink(_) => None,
+        });
+        let sinks = settings.tasks.iter().filter_map(|t| match t {
+            TaskId::Sink(i) => Some((*i, restored.unwrap_or_default())),
+            TaskId::Source(_) => None,
+        });
         Driver {
-            pipeline,
-            region,
-            wired,
+            finished_sources: sources.collect(),
+            committed_upto: sinks.collect(),
+            settings,
+            metrics,
+            effects,
+            reports,
             coordinator,
             started: Instant::now(),
             reserved,
-            finished_sources: region.sources.iter().map(|&i| (i, false)).collect(),
             stopping: false,
             want_final: false,
             final_id: None,
             final_completed: false,
-            committed_upto: region
-                .sinks
-                .iter()
-                .map(|&i| (i, restored.unwrap_or_default()))
-                .collect(),
             recorded_committed: restored.unwrap_or_default(),
-            recording: None,
             triggered_at: None,
             writing: None,
             last_completed: restored,
@@ -114,19 +141,32 @@ impl<'p> Driver<'p> {
     }
 
     /// Coordinates until the final checkpoint is committed (`Ok` with the
-    /// last completed checkpoint) or the attempt fails.
+    /// last completed checkpoint) or the attempt fails. Either way the
+    /// subtasks are stopped before it returns.
     pub(super) async fn run(
         mut self,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Option<CheckpointId>, AttemptFailure> {
+        let result = self.coordinate(stop).await;
+        self.effects.stop_subtasks();
+        if result.is_ok() {
+            self.effects.settle().await;
+        }
+        result
+    }
+
+    async fn coordinate(
+        &mut self,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Option<CheckpointId>, AttemptFailure> {
         loop {
             let wake_at = self.next_wake();
             let wake = tokio::select! {
                 _ = tokio::time::sleep_until(wake_at) => Wake::Tick,
-                Some(Err(joined)) = self.wired.tasks.join_next() => Wake::Panicked(joined),
+                joined = self.effects.panicked() => Wake::Panicked(joined),
                 _ = stop.changed(), if !self.stopping => Wake::Stop,
-                report = self.wired.reports.recv() => {
-                    Wake::Report(report.expect("the driver holds a report sender"))
+                report = self.reports.recv() => {
+                    Wake::Report(report.expect("the driver's effects hold a report sender"))
                 }
             };
             let events = self.on_wake(wake)?;
@@ -140,7 +180,7 @@ impl<'p> Driver<'p> {
                     self.apply(action).await?;
                 }
             }
-            if let Some(last) = self.finished().await {
+            if let Some(last) = self.finished() {
                 return Ok(last);
             }
         }
@@ -151,17 +191,20 @@ impl<'p> Driver<'p> {
     /// flight; at once after a checkpoint was requested), when a slow
     /// checkpoint write is to be reported again, and at the latest
     /// [`IDLE_WAKE`] from now. Reports wake it in between.
-    fn next_wake(&self) -> tokio::time::Instant {
-        let now = Instant::now();
-        let mut at = now + IDLE_WAKE;
+    fn next_wake(&self) -> Instant {
+        let mut at = Instant::now() + IDLE_WAKE;
         if let Some(ms) = self.coordinator.next_tick_ms() {
             at = at.min(self.started + Duration::from_millis(ms));
         }
         if let Some(write) = &self.writing {
-            let timeout = self.pipeline.config.checkpoint.timeout;
+            let timeout = self.settings.checkpoint.timeout;
             at = at.min(write.last_report.unwrap_or(write.started) + timeout);
         }
-        tokio::time::Instant::from_std(at)
+        at
+    }
+
+    fn store_failure(&self, e: StoreError) -> AttemptFailure {
+        AttemptFailure::store(&self.settings.pipeline, e)
     }
 
     /// The coordinator events a wake-up brings.
@@ -174,16 +217,15 @@ impl<'p> Driver<'p> {
             }
             Wake::Panicked(joined) => {
                 error!(error = %joined, "a subtask panicked");
-                return Err(self.pipeline.connector_failure(
+                return Err(AttemptFailure::connector(
+                    &self.settings.pipeline,
                     self.made_progress,
                     ConnectorError::transient("subtask", format!("panicked: {joined}")),
                 ));
             }
             Wake::Stop => {
                 self.stopping = true;
-                for c in &self.wired.source_controls {
-                    let _ = c.send(SourceCommand::Stop);
-                }
+                self.effects.stop_sources();
                 vec![]
             }
             Wake::Report(Report::Ack(checkpoint, task, state)) => vec![Event::Ack {
@@ -201,28 +243,43 @@ impl<'p> Driver<'p> {
                 let through = *self.committed_upto.values().min().expect("at least one sink");
                 if through > self.recorded_committed {
                     self.recorded_committed = through;
-                    self.recording = Some(self.record_committed(through));
+                    self.effects.record_committed(through);
                 }
                 vec![]
             }
-            Wake::Report(Report::Persisted(checkpoint, Ok(()))) => {
+            Wake::Report(Report::Persisted(checkpoint, outcome)) => {
                 self.writing = None;
-                vec![Event::Persisted { checkpoint, now_ms }]
-            }
-            Wake::Report(Report::Persisted(checkpoint, Err(e))) => {
-                self.writing = None;
-                if let StoreError::FingerprintMismatch { .. } | StoreError::Encode { .. } = e {
-                    return Err(self.pipeline.store_failure(e));
+                match outcome {
+                    PersistOutcome::Persisted => vec![Event::Persisted { checkpoint, now_ms }],
+                    PersistOutcome::Failed(
+                        e @ (StoreError::FingerprintMismatch { .. } | StoreError::Encode { .. }),
+                    ) => return Err(self.store_failure(e)),
+                    PersistOutcome::Failed(e) => vec![Event::PersistFailed {
+                        checkpoint,
+                        reason: e.to_string(),
+                        now_ms,
+                    }],
+                    // The entry may or may not be there: committing could
+                    // commit what no durable checkpoint lists, aborting could
+                    // lose what one does. Neither: the region restarts and
+                    // reads the store again.
+                    PersistOutcome::Indeterminate(e) => {
+                        error!(%checkpoint, error = %e, "the checkpoint write may or may not have landed: restarting the region to read the store again");
+                        return Err(self.store_failure(e));
+                    }
+                    PersistOutcome::Fenced(e) => {
+                        warn!(%checkpoint, error = %e, "the checkpoint write was refused for its epoch: the region was taken; dropping it without committing");
+                        return Err(self.store_failure(e));
+                    }
                 }
-                vec![Event::PersistFailed {
-                    checkpoint,
-                    reason: e.to_string(),
-                    now_ms,
-                }]
             }
             Wake::Report(Report::Failed(task, e)) => {
-                error!(?task, error = %e, "subtask failed");
-                return Err(self.pipeline.connector_failure(self.made_progress, e));
+                error!(?task, error = %crate::error::ErrorChain(&e), "subtask failed");
+                return Err(AttemptFailure::connector(
+                    &self.settings.pipeline,
+                    self.made_progress,
+                    e,
+                ));
             }
         })
     }
@@ -232,45 +289,8 @@ impl<'p> Driver<'p> {
         match action {
             Action::Trigger { checkpoint } => self.trigger(checkpoint).await?,
             Action::Persist { data } => {
-                let lists_pending = data.pending.values().any(|pending| !pending.is_empty());
-                let entry = CheckpointEntry::new(self.pipeline.descriptor(), data);
-                let store = self.region.store.clone();
-                let tx = self.wired.report_tx.clone();
-                let metrics = self.pipeline.metrics.clone();
-                let restorable = self.region.restorable.clone();
-                let id = entry.checkpoint.id;
-                // The coordinator points of a region take `@<region>`.
-                let region = self.region.index;
-                let point = move |name: &str| match region {
-                    Some(r) => fault::point_at(name, r),
-                    None => fault::point(name),
-                };
-                let write = tokio::task::spawn_blocking(move || {
-                    point("coordinator.before_persist");
-                    fault::pause_blocking("coordinator.before_persist");
-                    let result = store.save(&entry);
-                    if result.is_ok() {
-                        point("coordinator.after_persist");
-                        if lists_pending {
-                            point("coordinator.after_persist_pending");
-                        }
-                        // The new entry is durable whatever happens here.
-                        if let Err(error) = store.prune() {
-                            metrics.store_cleanup_failed();
-                            warn!(checkpoint = %id, %error, "could not remove old checkpoint entries; retrying after the next checkpoint");
-                        }
-                        // What is left may be restored. When the folder cannot
-                        // be listed, the value from before stays: the oldest
-                        // restorable checkpoint only rises, so it is still a
-                        // safe bound (unknown makes sinks fall back to rules
-                        // that protect only the latest checkpoint).
-                        if let Ok(left) = store.list() {
-                            restorable.set(super::region::oldest(&left));
-                        }
-                    }
-                    let _ = tx.send(Report::Persisted(id, result));
-                });
-                self.region.writing(write);
+                let id = data.id;
+                self.effects.persist(data);
                 self.writing = Some(CheckpointWrite {
                     checkpoint: id,
                     started: Instant::now(),
@@ -284,42 +304,34 @@ impl<'p> Driver<'p> {
                     .map(|(_, t)| t.elapsed().as_millis() as u64)
                     .unwrap_or_default();
                 info!(%checkpoint, duration_ms = duration, "checkpoint complete");
-                self.pipeline
-                    .metrics
-                    .checkpoint_completed_in(self.region.index, checkpoint.0, duration);
+                self.metrics
+                    .checkpoint_completed_in(self.settings.region, checkpoint.0, duration);
                 self.made_progress = true;
                 self.last_completed = Some(checkpoint);
                 if self.final_id == Some(checkpoint) {
                     self.final_completed = true;
                 }
-                let at = Instant::now();
-                for c in &self.wired.sink_controls {
-                    let _ = c.send((checkpoint, at));
-                }
-                for c in &self.wired.source_controls {
-                    let _ = c.send(SourceCommand::Complete(checkpoint));
-                }
+                self.effects.complete(checkpoint, Instant::now());
             }
             Action::Abort { checkpoint, reason } => {
                 warn!(%checkpoint, %reason, "checkpoint aborted; its transactions roll into the next checkpoint");
-                self.pipeline.metrics.checkpoint_aborted_in(self.region.index, &reason);
+                self.metrics.checkpoint_aborted_in(self.settings.region, &reason);
                 if self.final_id == Some(checkpoint) {
                     self.final_id = None;
                     self.coordinator.handle(Event::RequestCheckpoint);
                 }
             }
             Action::Fail { failures, reason } => {
-                let config = &self.pipeline.config;
-                return Err(self.pipeline.fail(
-                    true,
-                    self.made_progress,
-                    PipelineError::TooManyCheckpointFailures {
-                        pipeline: config.name.clone(),
+                return Err(AttemptFailure {
+                    error: PipelineError::TooManyCheckpointFailures {
+                        pipeline: self.settings.pipeline.clone(),
                         failures,
-                        tolerated: config.checkpoint.tolerable_failures,
+                        tolerated: self.settings.checkpoint.tolerable_failures,
                         reason,
                     },
-                ));
+                    retriable: true,
+                    made_progress: self.made_progress,
+                });
             }
         }
         Ok(())
@@ -331,11 +343,10 @@ impl<'p> Driver<'p> {
     async fn trigger(&mut self, checkpoint: CheckpointId) -> Result<(), AttemptFailure> {
         if self.reserved.is_none_or(|r| checkpoint > r) {
             let upto = CheckpointId(checkpoint.0 + ID_RESERVATION_BLOCK);
-            let store = self.region.store.clone();
-            tokio::task::spawn_blocking(move || store.reserve_ids(upto))
+            self.effects
+                .reserve_ids(upto)
                 .await
-                .expect("checkpoint store task panicked")
-                .map_err(|e| self.pipeline.store_failure(e))?;
+                .map_err(|e| self.store_failure(e))?;
             self.reserved = Some(upto);
         }
         debug!(%checkpoint, "triggering checkpoint");
@@ -343,25 +354,18 @@ impl<'p> Driver<'p> {
             self.final_id = Some(checkpoint);
         }
         self.triggered_at = Some((checkpoint, Instant::now()));
-        for c in &self.wired.source_controls {
-            let _ = c.send(SourceCommand::Barrier(checkpoint));
-        }
+        self.effects.trigger(checkpoint);
         Ok(())
     }
 
-    /// Once the final checkpoint completed and every sink committed it:
-    /// stops the subtasks, waits for the record of the commits, and returns
-    /// the summary.
-    async fn finished(&mut self) -> Option<Option<CheckpointId>> {
+    /// Once the final checkpoint completed and every sink committed it: the
+    /// last completed checkpoint.
+    fn finished(&mut self) -> Option<Option<CheckpointId>> {
         let id = self.final_id.filter(|_| self.final_completed)?;
         if self.committed_upto.values().any(|c| *c < id) {
             return None;
         }
         info!(checkpoint = %id, "final checkpoint committed; stopping");
-        self.wired.tasks.abort_all();
-        if let Some(recording) = self.recording.take() {
-            let _ = recording.await;
-        }
         Some(self.last_completed)
     }
 
@@ -371,32 +375,20 @@ impl<'p> Driver<'p> {
         let Some(write) = self.writing.as_mut() else {
             return;
         };
-        let timeout = self.pipeline.config.checkpoint.timeout;
+        let timeout = self.settings.checkpoint.timeout;
         if write.last_report.unwrap_or(write.started).elapsed() < timeout {
             return;
         }
         if write.last_report.is_none() {
-            self.pipeline.metrics.slow_persist();
+            self.metrics.slow_persist();
         }
         write.last_report = Some(Instant::now());
         warn!(
             checkpoint = %write.checkpoint,
             waited_s = write.started.elapsed().as_secs(),
-            store = %self.region.store.location(),
+            store = %self.effects.store_location(),
             "checkpoint still being written after the checkpoint timeout: nothing commits until the write \
              finishes; check the checkpoint store's disk or mount"
         );
-    }
-
-    /// Records in the store, in the background, that every sink committed
-    /// everything pending up to `id`. A failure is only logged: the record
-    /// spares a later recovery work, and without it recovery asks the sinks.
-    fn record_committed(&self, id: CheckpointId) -> tokio::task::JoinHandle<()> {
-        let store = self.region.store.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(error) = store.record_committed(id) {
-                warn!(checkpoint = %id, %error, "could not record that the checkpoint's transactions are committed");
-            }
-        })
     }
 }

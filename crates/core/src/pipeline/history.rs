@@ -3,50 +3,54 @@
 //! than the newest readable one (a fallback, allowed only when the sinks
 //! prove the replay harmless or the operator accepts it).
 
-use std::sync::Arc;
-
 use tracing::warn;
 
 use super::region::Region;
 use super::restore::Restored;
 use super::{AttemptFailure, Pipeline};
 use crate::error::StoreError;
+use crate::membership::Epoch;
 use crate::record::CheckpointId;
 use crate::sink::{ErasedSink, ReplayCheck};
-use crate::store::{CheckpointEntry, CheckpointStore};
+use crate::store::{CheckpointEntry, Checkpoints};
 
 impl Pipeline {
-    /// No readable entry: a first start, unless the folder has a history
+    /// No readable entry: a first start, unless the sequence has a history
     /// (entries that cannot be read, ids reserved by a run that got as far
     /// as a checkpoint). Then it is refused, or with `allow_first_start`
-    /// accepted and the unreadable entries set aside.
+    /// accepted and the unreadable entries set aside (under `epoch`).
     pub(super) async fn check_first_start(
         &self,
-        store: &Arc<dyn CheckpointStore>,
+        checkpoints: &Checkpoints,
+        epoch: Epoch,
         reserved: Option<CheckpointId>,
     ) -> Result<(), AttemptFailure> {
-        let names = self.with_store(store, |store| store.list()).await?;
+        let fail = |e| self.store_failure(e);
+        let names = checkpoints.list().await.map_err(fail)?;
         if names.is_empty() && reserved.is_none() {
             return Ok(());
         }
-        let mut history: Vec<String> = names
-            .iter()
-            .map(|name| format!("{} ({})", name.file_name, why_unreadable(store, &name.file_name)))
-            .collect();
+        let mut history = Vec::new();
+        for name in &names {
+            history.push(format!(
+                "{} ({})",
+                name.file_name,
+                why_unreadable(checkpoints, &name.file_name).await
+            ));
+        }
         if let Some(reserved) = reserved {
             history.push(format!("ids reserved up to {reserved}"));
         }
         let history = history.join("; ");
         if !self.config.allow_first_start {
             return Err(self.store_failure(StoreError::NoReadableCheckpoint {
-                dir: store.location(),
+                dir: checkpoints.location(),
                 history,
             }));
         }
         warn!(%history, "starting as if for the first time although the checkpoint folder has a history (allow_first_start)");
         for name in names {
-            self.with_store(store, move |store| store.quarantine(&name.file_name))
-                .await?;
+            checkpoints.set_aside(epoch, &name.file_name).await.map_err(fail)?;
         }
         Ok(())
     }
@@ -55,19 +59,17 @@ impl Pipeline {
     /// unreadable), each with why it cannot be read.
     pub(super) async fn unreadable_newer_than(
         &self,
-        store: &Arc<dyn CheckpointStore>,
+        checkpoints: &Checkpoints,
         entry: &CheckpointEntry,
     ) -> Result<Vec<(String, String)>, AttemptFailure> {
         let newest = (entry.checkpoint.id, entry.created_unix_ms);
-        let names = self.with_store(store, |store| store.list()).await?;
-        Ok(names
-            .into_iter()
-            .filter(|n| (n.id, n.created_unix_ms) > newest)
-            .map(|n| {
-                let problem = why_unreadable(store, &n.file_name);
-                (n.file_name, problem)
-            })
-            .collect())
+        let names = checkpoints.list().await.map_err(|e| self.store_failure(e))?;
+        let mut unreadable = Vec::new();
+        for n in names.into_iter().filter(|n| (n.id, n.created_unix_ms) > newest) {
+            let problem = why_unreadable(checkpoints, &n.file_name).await;
+            unreadable.push((n.file_name, problem));
+        }
+        Ok(unreadable)
     }
 
     /// Restoring the newest readable entry falls back past unreadable newer
@@ -136,24 +138,29 @@ impl Pipeline {
             );
         } else {
             return Err(self.store_failure(StoreError::FallbackRefused {
-                dir: region.store.location(),
+                dir: region.checkpoints.location(),
                 skipped,
                 restored: id,
                 known: known.join("; "),
             }));
         }
         for (name, _) in &restored.skipped {
-            let name = name.clone();
-            self.with_store(&region.store, move |store| store.quarantine(&name))
-                .await?;
+            region
+                .checkpoints
+                .set_aside(restored.epoch, name)
+                .await
+                .map_err(|e| self.store_failure(e))?;
         }
         Ok(())
     }
 }
 
-/// Why the entry `name` of `store` cannot be read.
-fn why_unreadable(store: &Arc<dyn CheckpointStore>, name: &str) -> String {
-    store.read(name).err().unwrap_or_else(|| "readable now".into())
+/// Why the entry `name` cannot be read.
+async fn why_unreadable(checkpoints: &Checkpoints, name: &str) -> String {
+    match checkpoints.read(name).await {
+        Ok(_) => "readable now".into(),
+        Err(problem) => problem.kind.to_string(),
+    }
 }
 
 /// The duplicates a fallback writes, from the sinks' answers: the records of

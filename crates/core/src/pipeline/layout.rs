@@ -14,7 +14,6 @@
 //! the record redoes the change from the old entries, which nothing touched.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use tracing::{info, warn};
 
@@ -24,7 +23,7 @@ use super::{AttemptFailure, Pipeline};
 use crate::coordinator::{CheckpointData, PendingCommit};
 use crate::error::{PipelineError, StoreError};
 use crate::record::{CheckpointId, SplitPositions};
-use crate::store::{check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore, Layout};
+use crate::store::{check_fingerprint, AccessError, AllowedChanges, Cas, CheckpointEntry, Checkpoints, Layout, Scope};
 
 impl Pipeline {
     /// The configured layout.
@@ -35,54 +34,75 @@ impl Pipeline {
         }
     }
 
-    /// The store of checkpoint sequence `scope` (`None`: the global one).
-    fn scope_store(&self, scope: Option<usize>) -> Arc<dyn CheckpointStore> {
-        match scope {
-            Some(r) => self.store.region(r),
-            None => self.store.clone(),
-        }
+    /// The checkpoint sequence `scope`.
+    fn checkpoints(&self, scope: Scope) -> Checkpoints {
+        Checkpoints::new(self.store.sequence(scope), self.store.retain())
     }
 
-    /// Brings the checkpoint folder to the configured layout (carrying the
+    fn access_failure(&self, e: AccessError) -> PipelineError {
+        self.store_failure(e.into()).error
+    }
+
+    /// Brings the checkpoint store to the configured layout (carrying the
     /// old checkpoints over when it changed) and returns the regions to run.
     pub(super) async fn prepare_layout(&self) -> Result<Vec<Region>, PipelineError> {
         let wanted = self.layout();
-        let recorded = self
-            .with_store(&self.store, |store| store.layout())
-            .await
-            .map_err(fatal)?;
+        let recorded = self.store.layout().await.map_err(|e| self.access_failure(e))?;
         let current = match recorded {
             Some(layout) => Some(layout),
             None => self.legacy_layout().await.map_err(fatal)?,
         };
         match current {
-            None => {
-                self.with_store(&self.store, move |store| store.record_layout(&wanted))
-                    .await
-                    .map_err(fatal)?;
-            }
+            None => self.record_layout(recorded, wanted).await?,
             Some(current) if current == wanted => {}
-            Some(current) => self.change_layout(current, wanted).await?,
+            Some(current) => {
+                self.change_layout(current, wanted).await?;
+                self.record_layout(recorded, wanted).await?;
+                warn!(from = %current, to = %wanted, "changed the checkpoint layout: every old checkpoint sequence was carried over");
+            }
         }
         self.retire_unused(wanted).await.map_err(fatal)?;
         Ok(wanted
             .scopes()
             .into_iter()
-            .map(|scope| Region::new(scope, self.config.parallelism, self.scope_store(scope)))
+            .map(|scope| Region::new(scope.region(), self.config.parallelism, self.checkpoints(scope)))
             .collect())
     }
 
-    /// A folder written before layouts were recorded holds global entries
+    /// Records `wanted` where `recorded` was: the commit point of a change.
+    async fn record_layout(&self, recorded: Option<Layout>, wanted: Layout) -> Result<(), PipelineError> {
+        match self
+            .store
+            .record_layout(recorded, wanted)
+            .await
+            .map_err(|e| self.access_failure(e))?
+        {
+            Cas::Done(()) => Ok(()),
+            Cas::Moved(now) => Err(PipelineError::Config(format!(
+                "the layout of the checkpoints in {} changed while this process was changing it (now {}); \
+                 is another process starting the same pipeline?",
+                self.store.location(),
+                now.map_or_else(|| "none".to_string(), |l| l.to_string())
+            ))),
+        }
+    }
+
+    /// A store written before layouts were recorded holds global entries
     /// (at the parallelism its latest one names), or nothing.
     async fn legacy_layout(&self) -> Result<Option<Layout>, AttemptFailure> {
-        let latest = self.with_store(&self.store, |store| store.latest()).await?;
+        let latest = self
+            .checkpoints(Scope::Global)
+            .latest()
+            .await
+            .map_err(|e| self.store_failure(e))?;
         Ok(latest.map(|entry| Layout {
             failover: Failover::Global,
             parallelism: entry.descriptor.parallelism,
         }))
     }
 
-    /// Carries the latest checkpoints of layout `from` over to `to`.
+    /// Carries the latest checkpoints of layout `from` over to `to`: every
+    /// new sequence gets an entry before anything runs.
     async fn change_layout(&self, from: Layout, to: Layout) -> Result<(), PipelineError> {
         if from.parallelism != to.parallelism && !self.config.allow_parallelism_change {
             return Err(fatal(self.store_failure(StoreError::ParallelismChanged {
@@ -96,39 +116,32 @@ impl Pipeline {
             any: self.config.allow_fingerprint_change,
             parallelism: true,
         };
+        let fail = |e| fatal(self.store_failure(e));
         let mut positions = SplitPositions::default();
         let mut pending: BTreeMap<usize, Vec<PendingCommit>> = BTreeMap::new();
         let mut next = CheckpointId(0);
         for scope in from.scopes() {
-            let store = self.scope_store(scope);
-            let latest = self.with_store(&store, |store| store.latest()).await.map_err(fatal)?;
-            let reserved = self
-                .with_store(&store, |store| store.id_watermark())
-                .await
-                .map_err(fatal)?;
-            let committed = self
-                .with_store(&store, |store| store.committed_through())
-                .await
-                .map_err(fatal)?;
-            next = next.max(reserved.unwrap_or_default());
+            let checkpoints = self.checkpoints(scope);
+            let latest = checkpoints.latest().await.map_err(fail)?;
+            let head = checkpoints.head().await.map_err(fail)?;
+            next = next.max(head.id_watermark.unwrap_or_default());
             let Some(entry) = latest else {
-                let names = self.with_store(&store, |store| store.list()).await.map_err(fatal)?;
-                if names.is_empty() && reserved.is_none() {
+                let names = checkpoints.list().await.map_err(fail)?;
+                if names.is_empty() && head.id_watermark.is_none() {
                     continue;
                 }
-                return Err(fatal(self.store_failure(StoreError::NoReadableCheckpoint {
-                    dir: store.location(),
+                return Err(fail(StoreError::NoReadableCheckpoint {
+                    dir: checkpoints.location(),
                     history: format!(
                         "changing the layout from {from} to {to} needs its latest checkpoint; {} entries, none readable",
                         names.len()
                     ),
-                })));
+                }));
             };
-            check_fingerprint(store.as_ref(), &entry, &self.descriptor(), allowed)
-                .map_err(|e| fatal(self.store_failure(e)))?;
+            check_fingerprint(&checkpoints.location(), &entry, &self.descriptor(), allowed).map_err(fail)?;
             next = next.max(entry.checkpoint.id);
             positions.merge(&entry.checkpoint.positions);
-            if committed.is_some_and(|c| c >= entry.checkpoint.id) {
+            if head.committed_through.is_some_and(|c| c >= entry.checkpoint.id) {
                 continue;
             }
             for (old, list) in &entry.checkpoint.pending {
@@ -143,7 +156,8 @@ impl Pipeline {
         }
         let id = next.next();
         for scope in to.scopes() {
-            let sinks = Region::new(scope, to.parallelism, self.scope_store(scope)).sinks;
+            let checkpoints = self.checkpoints(scope);
+            let sinks = Region::new(scope.region(), to.parallelism, checkpoints.clone()).sinks;
             let data = CheckpointData {
                 id,
                 positions: positions.clone(),
@@ -154,37 +168,38 @@ impl Pipeline {
                 previous_parallelism: Some(from.parallelism),
             };
             let entry = CheckpointEntry::new(self.descriptor(), data);
-            self.with_store(&self.scope_store(scope), move |store| {
-                store.reserve_ids(id)?;
-                store.save(&entry)
-            })
-            .await
-            .map_err(fatal)?;
+            let epoch = checkpoints
+                .take(&crate::store::this_process())
+                .await
+                .map_err(fail)?
+                .epoch;
+            checkpoints.reserve_ids(epoch, id).await.map_err(fail)?;
+            checkpoints.save(epoch, &entry).await.map_err(fail)?;
         }
-        self.with_store(&self.store, move |store| store.record_layout(&to))
-            .await
-            .map_err(fatal)?;
-        warn!(%from, %to, checkpoint = %id, "changed the checkpoint layout: every old checkpoint sequence was carried over");
         Ok(())
     }
 
     /// Sets aside the checkpoint sequences layout `layout` does not use.
     async fn retire_unused(&self, layout: Layout) -> Result<(), AttemptFailure> {
         let used = layout.scopes();
-        let regions = self.with_store(&self.store, |store| store.regions()).await?;
-        for region in regions.into_iter().filter(|r| !used.contains(&Some(*r))) {
+        let fail = |e: AccessError| self.store_failure(e.into());
+        let regions = self.store.regions().await.map_err(fail)?;
+        for region in regions.into_iter().filter(|r| !used.contains(&Scope::Region(*r))) {
             info!(
                 region,
                 "setting aside the checkpoints of a region the layout no longer has"
             );
-            self.with_store(&self.store, move |store| store.retire(Some(region)))
-                .await?;
+            self.store.retire(Scope::Region(region)).await.map_err(fail)?;
         }
-        if !used.contains(&None) {
-            let names = self.with_store(&self.store, |store| store.list()).await?;
+        if !used.contains(&Scope::Global) {
+            let names = self
+                .checkpoints(Scope::Global)
+                .list()
+                .await
+                .map_err(|e| self.store_failure(e))?;
             if !names.is_empty() {
                 info!("setting aside the global checkpoints: the layout has regions");
-                self.with_store(&self.store, |store| store.retire(None)).await?;
+                self.store.retire(Scope::Global).await.map_err(fail)?;
             }
         }
         Ok(())

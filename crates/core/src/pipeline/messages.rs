@@ -26,6 +26,23 @@ pub(super) enum Report {
     SourceFinished(usize),
     /// Sink subtask `i` committed everything pending up to the checkpoint.
     Committed(usize, CheckpointId),
-    Persisted(CheckpointId, Result<(), StoreError>),
+    /// The outcome of the checkpoint's write.
+    Persisted(CheckpointId, PersistOutcome),
     Failed(TaskId, ConnectorError),
+}
+
+/// How a checkpoint write ended.
+#[derive(Debug)]
+pub(super) enum PersistOutcome {
+    /// Durable: the sinks may commit what it lists.
+    Persisted,
+    /// Certainly not written: the checkpoint is aborted, its transactions
+    /// roll into the next one.
+    Failed(StoreError),
+    /// Maybe written: neither commit nor abort; the region restarts and
+    /// reads the store again.
+    Indeterminate(StoreError),
+    /// Refused for its epoch: the region was taken by a newer owner; the
+    /// attempt stops without committing.
+    Fenced(StoreError),
 }

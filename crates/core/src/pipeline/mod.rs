@@ -21,6 +21,7 @@
 
 mod config;
 mod driver;
+mod effects;
 mod history;
 mod layout;
 mod messages;
@@ -36,7 +37,7 @@ use std::sync::Arc;
 
 use tracing::{error, info, info_span, warn, Instrument};
 
-pub use config::{Failover, Guarantee, PipelineConfig, RunSummary};
+pub use config::{Failover, Guarantee, PipelineConfig, RunSummary, STANDBY_TAKEOVER_GRACE};
 pub use routing::route;
 
 use crate::error::{ConnectorError, PipelineError, StoreError};
@@ -44,14 +45,26 @@ use crate::metrics::Metrics;
 use crate::sink::SinkFactory;
 use crate::source::SourceFactory;
 use crate::store::{CheckpointStore, PipelineDescriptor};
+use crate::transform::{Chain, Transform};
 
-/// A pipeline: one source, one sink, a checkpoint store, and settings.
+/// A pipeline: one source, optional transforms, one sink, a checkpoint
+/// store, and settings.
 pub struct Pipeline {
     config: PipelineConfig,
     source: Arc<dyn SourceFactory>,
     sink: Arc<dyn SinkFactory>,
     store: Arc<dyn CheckpointStore>,
     metrics: Arc<Metrics>,
+    /// Run by every source subtask on what its source reads.
+    transforms: Chain,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why an attempt ended, and whether another may follow.
@@ -60,6 +73,35 @@ struct AttemptFailure {
     retriable: bool,
     /// A checkpoint completed in the attempt (resets the restart count).
     made_progress: bool,
+}
+
+impl AttemptFailure {
+    /// A connector's failure in pipeline `pipeline`: retriable when the
+    /// connector says so.
+    fn connector(pipeline: &str, made_progress: bool, e: ConnectorError) -> AttemptFailure {
+        AttemptFailure {
+            retriable: e.is_retriable(),
+            made_progress,
+            error: PipelineError::Connector {
+                pipeline: pipeline.to_string(),
+                source: e,
+            },
+        }
+    }
+
+    /// The checkpoint store's failure in pipeline `pipeline`: retriable
+    /// when the store could not be reached or written (the next attempt
+    /// reads it again), not when what it holds refuses the start.
+    fn store(pipeline: &str, e: StoreError) -> AttemptFailure {
+        AttemptFailure {
+            retriable: matches!(e, StoreError::Access(_) | StoreError::Fenced { .. }),
+            made_progress: false,
+            error: PipelineError::Store {
+                pipeline: pipeline.to_string(),
+                source: Box::new(e),
+            },
+        }
+    }
 }
 
 impl Pipeline {
@@ -72,14 +114,54 @@ impl Pipeline {
     ) -> Result<Self, PipelineError> {
         config.validate()?;
         sink.check_checkpointing(&config.checkpoint)
-            .map_err(|e| PipelineError::Config(e.to_string()))?;
+            .map_err(PipelineError::connector_config)?;
         Ok(Pipeline {
             config,
             source,
             sink,
             store,
             metrics: Arc::new(Metrics::default()),
+            transforms: Chain::default(),
         })
+    }
+
+    /// The pipeline with `transforms` between its source and its sink, run
+    /// in that order on every record in the source subtasks (see
+    /// [`Transform`] for what stays right: positions, coordinates, errors).
+    /// Their identities join the fingerprint.
+    ///
+    /// Refused when a transform is a [`Transform::flat_map`] and the sink
+    /// does not accept several records at one `(split, offset)`
+    /// ([`SinkFactory::accepts_repeated_coordinates`]), or when two
+    /// transforms share a name.
+    pub fn with_transforms(mut self, transforms: Vec<Transform>) -> Result<Self, PipelineError> {
+        let mut names = std::collections::BTreeSet::new();
+        for t in &transforms {
+            if t.name().is_empty() {
+                return Err(PipelineError::Config(
+                    "a transform has an empty name: name each transform after what it does".into(),
+                ));
+            }
+            if !names.insert(t.name()) {
+                return Err(PipelineError::Config(format!(
+                    "two transforms are named `{}`: give each its own name (the names are their identities in the \
+                     checkpoints' fingerprint)",
+                    t.name()
+                )));
+            }
+            if t.is_flat_map() && !self.sink.accepts_repeated_coordinates() {
+                return Err(PipelineError::Config(format!(
+                    "transform `{}` is a flat_map, whose outputs share their input's split and offset, and the sink \
+                     `{}` does not accept several records at one (split, offset) (it keys or fences on them, and \
+                     would keep one output of each input). Fix: make one record of each input with a map, or use \
+                     a sink that accepts repeated coordinates",
+                    t.name(),
+                    self.sink.identity()
+                )));
+            }
+        }
+        self.transforms = Chain::new(transforms);
+        Ok(self)
     }
 
     /// What the fingerprint is computed from.
@@ -90,6 +172,7 @@ impl Pipeline {
             sink: self.sink.identity(),
             parallelism: self.config.parallelism,
             guarantee: self.config.guarantee.as_str().to_string(),
+            transforms: self.transforms.steps().iter().map(Transform::identity).collect(),
         }
     }
 
@@ -107,19 +190,23 @@ impl Pipeline {
     /// checkpoint) and end the run with that error.
     ///
     /// The pipeline's exclusive lock (see
-    /// [`CheckpointStore::lock_exclusive`]) is held for the whole run: while
+    /// [`CheckpointStore::lock`]) is held for the whole run: while
     /// another process runs the same pipeline, this fails at once with
-    /// [`StoreError::Locked`] naming it, touching nothing.
+    /// [`StoreError::Locked`] naming it, touching nothing — or, with
+    /// [`PipelineConfig::standby`], waits touching nothing until the lock
+    /// is free (or `shutdown` resolves: then it returns a summary without
+    /// checkpoints) and takes over.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) -> Result<RunSummary, PipelineError> {
+        crate::fault::warn_if_ignored();
         let span = info_span!("pipeline", name = %self.config.name);
-        let store = self.store.clone();
-        let _lock = tokio::task::spawn_blocking(move || store.lock_exclusive())
-            .await
-            .expect("checkpoint store task panicked")
-            .map_err(|e| PipelineError::Store {
-                pipeline: self.config.name.clone(),
-                source: Box::new(e),
-            })?;
+        tokio::pin!(shutdown);
+        let Some(mut lock) = self.take_lock(&mut shutdown).await? else {
+            return Ok(RunSummary {
+                last_checkpoint: None,
+                regions: Vec::new(),
+                metrics: self.metrics.snapshot(),
+            });
+        };
         let regions = self.prepare_layout().instrument(span.clone()).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let runners = futures_util::future::join_all(
@@ -131,7 +218,21 @@ impl Pipeline {
         tokio::pin!(runners);
         let results = tokio::select! {
             results = &mut runners => results,
-            _ = shutdown => {
+            why = lock.lost() => {
+                // Another process may take the pipeline now: stop acting at
+                // once (no last checkpoint, no commit), as a crash would;
+                // the next owner's recovery finishes what this one left.
+                error!(pipeline = %self.config.name, %why, "lost the pipeline's lock: stopping at once");
+                return Err(PipelineError::Store {
+                    pipeline: self.config.name.clone(),
+                    source: Box::new(StoreError::Access(crate::store::AccessError::indeterminate(
+                        self.store.location(),
+                        "holding the pipeline's lock",
+                        why,
+                    ))),
+                });
+            }
+            _ = &mut shutdown => {
                 info!(pipeline = %self.config.name, "shutdown requested: taking a last checkpoint");
                 let _ = stop_tx.send(true);
                 runners.await
@@ -146,6 +247,73 @@ impl Pipeline {
             regions: last,
             metrics: self.metrics.snapshot(),
         })
+    }
+
+    /// The pipeline's lock; as a standby, waits for it (and then
+    /// [`STANDBY_TAKEOVER_GRACE`]). `None`: `shutdown` came first.
+    async fn take_lock(
+        &self,
+        shutdown: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<Option<crate::store::StoreLock>, PipelineError> {
+        let failed = |e: StoreError| PipelineError::Store {
+            pipeline: self.config.name.clone(),
+            source: Box::new(e),
+        };
+        let mut waiting_on = None;
+        loop {
+            let attempt = tokio::select! {
+                attempt = self.store.lock() => attempt,
+                _ = &mut *shutdown, if self.config.standby.is_some() => return Ok(self.stand_down()),
+            };
+            match attempt {
+                Ok(lock) => {
+                    if waiting_on.is_some() {
+                        info!(pipeline = %self.config.name, "the pipeline's lock is free: taking over");
+                        // The lock frees the moment the holder's session
+                        // ends, which the holder may not have noticed yet
+                        // (its session ended by the server, not by its
+                        // exit): give it the time to stop acting and close
+                        // its sinks' sessions before recovering.
+                        tokio::select! {
+                            _ = tokio::time::sleep(STANDBY_TAKEOVER_GRACE) => {}
+                            _ = &mut *shutdown => return Ok(self.stand_down()),
+                        }
+                        self.metrics.set_standby(false);
+                    }
+                    return Ok(Some(lock));
+                }
+                Err(StoreError::Locked { holder, .. }) if self.config.standby.is_some() => {
+                    if waiting_on.as_ref() != Some(&holder) {
+                        self.metrics.set_standby(true);
+                        info!(
+                            pipeline = %self.config.name,
+                            %holder,
+                            "standby: another process runs the pipeline; waiting to take over when it stops"
+                        );
+                        waiting_on = Some(holder);
+                    }
+                }
+                // A standby outlives a store that cannot be reached for a
+                // while: that is when the active process may die too.
+                Err(e @ StoreError::Access(_)) if self.config.standby.is_some() => {
+                    warn!(pipeline = %self.config.name, error = %crate::ErrorChain(&e), "standby: cannot try the pipeline's lock; trying again");
+                }
+                Err(e) => return Err(failed(e)),
+            }
+            let poll = self.config.standby.unwrap_or_default();
+            tokio::select! {
+                _ = &mut *shutdown => return Ok(self.stand_down()),
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+
+    /// A standby asked to shut down before it took over: it no longer
+    /// waits, and takes nothing.
+    fn stand_down(&self) -> Option<crate::store::StoreLock> {
+        info!(pipeline = %self.config.name, "shutdown requested while on standby");
+        self.metrics.set_standby(false);
+        None
     }
 
     /// Runs one region until its last checkpoint is committed, restarting
@@ -173,19 +341,19 @@ impl Pipeline {
                     Ok(last) => return Ok(last),
                     Err(failure) => {
                         if !failure.retriable {
-                            error!(error = %failure.error, region = %region.label(), "failed; not retriable");
+                            error!(error = %crate::error::ErrorChain(&failure.error), region = %region.label(), "failed; not retriable");
                             return Err(failure.error);
                         }
                         attempt = if failure.made_progress { 1 } else { attempt + 1 };
                         let Some(delay) = self.config.restart.delay(attempt) else {
-                            error!(error = %failure.error, attempt, region = %region.label(), "failed; restart strategy gives up");
+                            error!(error = %crate::error::ErrorChain(&failure.error), attempt, region = %region.label(), "failed; restart strategy gives up");
                             return Err(PipelineError::RestartsExhausted {
                                 pipeline: self.config.name.clone(),
                                 attempts: attempt - 1,
-                                last: failure.error.to_string(),
+                                last: Box::new(failure.error),
                             });
                         };
-                        warn!(error = %failure.error, attempt, ?delay, region = %region.label(), "failed; restarting from its latest complete checkpoint");
+                        warn!(error = %crate::error::ErrorChain(&failure.error), attempt, ?delay, region = %region.label(), "failed; restarting from its latest complete checkpoint");
                         self.metrics.restarted_in(region.index);
                         tokio::time::sleep(delay).await;
                     }
@@ -200,35 +368,12 @@ impl Pipeline {
         result
     }
 
-    fn fail(&self, retriable: bool, made_progress: bool, error: PipelineError) -> AttemptFailure {
-        AttemptFailure {
-            error,
-            retriable,
-            made_progress,
-        }
-    }
-
     fn connector_failure(&self, made_progress: bool, e: ConnectorError) -> AttemptFailure {
-        self.fail(
-            e.is_retriable(),
-            made_progress,
-            PipelineError::Connector {
-                pipeline: self.config.name.clone(),
-                source: e,
-            },
-        )
+        AttemptFailure::connector(&self.config.name, made_progress, e)
     }
 
     fn store_failure(&self, e: StoreError) -> AttemptFailure {
-        let retriable = matches!(e, StoreError::Io { .. });
-        self.fail(
-            retriable,
-            false,
-            PipelineError::Store {
-                pipeline: self.config.name.clone(),
-                source: Box::new(e),
-            },
-        )
+        AttemptFailure::store(&self.config.name, e)
     }
 
     /// One attempt of a region: restore, wire, drive.
@@ -248,8 +393,32 @@ impl Pipeline {
         let (sinks, mut sources) = (sinks?, sources?);
         self.pin_start(region, &mut restored, &mut sources).await?;
         let wired = self.wire(region, sinks, sources, restored.base());
-        driver::Driver::new(self, region, wired, restored.id(), restored.reserved)
-            .run(stop)
-            .await
+        let settings = driver::DriverSettings {
+            pipeline: self.config.name.clone(),
+            region: region.index,
+            checkpoint: self.config.checkpoint.clone(),
+            tasks: region.tasks(),
+        };
+        let effects = effects::RegionEffects {
+            region,
+            epoch: restored.epoch,
+            descriptor: self.descriptor(),
+            metrics: self.metrics.clone(),
+            report_tx: wired.report_tx,
+            source_controls: wired.source_controls,
+            sink_controls: wired.sink_controls,
+            tasks: wired.tasks,
+            recording: None,
+        };
+        driver::Driver::new(
+            settings,
+            self.metrics.clone(),
+            effects,
+            wired.reports,
+            restored.id(),
+            restored.reserved,
+        )
+        .run(stop)
+        .await
     }
 }

@@ -4,13 +4,11 @@
 //! each such forward chain is a region of its own, with its own checkpoint
 //! store (`<dir>/<pipeline>/region-<i>/`), coordinator and restarts.
 
-use std::sync::Arc;
-
 use tokio::task::JoinHandle;
 
 use crate::coordinator::TaskId;
 use crate::retention::RestorableCheckpoints;
-use crate::store::{CheckpointStore, EntryName};
+use crate::store::{Checkpoints, EntryName};
 
 /// The oldest of `entries` (the store's retained entries).
 pub(super) fn oldest(entries: &[EntryName]) -> Option<crate::record::CheckpointId> {
@@ -25,19 +23,22 @@ pub(super) struct Region {
     pub(super) sources: Vec<usize>,
     /// Pipeline-wide indices of its sink subtasks.
     pub(super) sinks: Vec<usize>,
-    pub(super) store: Arc<dyn CheckpointStore>,
+    /// Its checkpoint sequence.
+    pub(super) checkpoints: Checkpoints,
     /// The oldest checkpoint of the region that may still be restored, for
     /// its sinks.
     pub(super) restorable: RestorableCheckpoints,
     /// A checkpoint write still running when an attempt failed. The next
     /// attempt waits for it before reading the store, so it never restores an
-    /// older checkpoint while a newer one is landing.
+    /// older checkpoint while a newer one is landing (the fence of the next
+    /// attempt would refuse it anyway, or make it visible; waiting keeps a
+    /// write that would land from being thrown away).
     persisting: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Region {
     /// Region `index` of `parallelism` (`None`: all subtasks in one).
-    pub(super) fn new(index: Option<usize>, parallelism: usize, store: Arc<dyn CheckpointStore>) -> Region {
+    pub(super) fn new(index: Option<usize>, parallelism: usize, checkpoints: Checkpoints) -> Region {
         let subtasks: Vec<usize> = match index {
             Some(i) => vec![i],
             None => (0..parallelism).collect(),
@@ -46,7 +47,7 @@ impl Region {
             index,
             sources: subtasks.clone(),
             sinks: subtasks,
-            store,
+            checkpoints,
             restorable: RestorableCheckpoints::default(),
             persisting: std::sync::Mutex::new(None),
         }

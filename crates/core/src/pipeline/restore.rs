@@ -2,26 +2,27 @@
 //! checkpoint, let every sink subtask of the region recover from it, and seek
 //! every source subtask of the region to its positions.
 
-use std::sync::Arc;
-
 use tracing::{info, info_span, Instrument};
 
 use super::region::Region;
 use super::{AttemptFailure, Pipeline};
 use crate::coordinator::CheckpointData;
-use crate::error::StoreError;
 use crate::fault;
+use crate::membership::Epoch;
 use crate::record::{CheckpointId, SplitPositions};
 use crate::sink::{ErasedSink, SinkContext};
 use crate::source::Source;
-use crate::store::{check_fingerprint, AllowedChanges, CheckpointEntry, CheckpointStore};
+use crate::store::{check_fingerprint, AllowedChanges, CheckpointEntry};
 
 /// What an attempt starts from.
 pub(super) struct Restored {
+    /// The epoch this attempt took the region's sequence under: every write
+    /// of the attempt carries it.
+    pub(super) epoch: Epoch,
     /// The latest complete checkpoint, if any.
     pub(super) latest: Option<CheckpointEntry>,
-    /// The highest checkpoint id any run reserved (see
-    /// [`CheckpointStore::reserve_ids`]).
+    /// The highest checkpoint id any run reserved (the sequence's id
+    /// watermark).
     pub(super) reserved: Option<CheckpointId>,
     /// Every transaction `latest` lists is known committed (recorded in the
     /// store after the commits): nothing is left for the sinks to commit.
@@ -84,55 +85,46 @@ pub(super) fn adopted_subtasks(subtask: usize, parallelism: usize, previous: Opt
 }
 
 impl Pipeline {
-    /// Runs `call` on `store` from a blocking thread.
-    pub(super) async fn with_store<T: Send + 'static>(
-        &self,
-        store: &Arc<dyn CheckpointStore>,
-        call: impl FnOnce(&dyn CheckpointStore) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, AttemptFailure> {
-        let store = store.clone();
-        tokio::task::spawn_blocking(move || call(store.as_ref()))
-            .await
-            .expect("checkpoint store task panicked")
-            .map_err(|e| self.store_failure(e))
-    }
-
-    /// Reads the region's latest complete checkpoint (after any write of
-    /// its previous attempt has landed or failed) and checks it belongs to
-    /// this pipeline.
+    /// Takes the region's checkpoint sequence (fences it: no write of an
+    /// earlier attempt or owner is accepted any more, and every one accepted
+    /// before is visible), then reads its latest complete checkpoint and
+    /// checks it belongs to this pipeline.
     pub(super) async fn restore(&self, region: &Region) -> Result<Restored, AttemptFailure> {
         region.wait_for_previous_write().await;
-        let store = &region.store;
-        let latest = self.with_store(store, |store| store.latest()).await?;
-        let reserved = self.with_store(store, |store| store.id_watermark()).await?;
+        let checkpoints = &region.checkpoints;
+        let fail = |e| self.store_failure(e);
+        let head = checkpoints.take(&crate::store::this_process()).await.map_err(fail)?;
+        let epoch = head.epoch;
+        let latest = checkpoints.latest().await.map_err(fail)?;
+        let reserved = head.id_watermark;
         let skipped = match &latest {
             None => {
-                self.check_first_start(store, reserved).await?;
+                self.check_first_start(checkpoints, epoch, reserved).await?;
                 Vec::new()
             }
-            Some(entry) => self.unreadable_newer_than(store, entry).await?,
+            Some(entry) => self.unreadable_newer_than(checkpoints, entry).await?,
         };
         if let Some(entry) = &latest {
             let allowed = AllowedChanges {
                 any: self.config.allow_fingerprint_change,
                 parallelism: self.config.allow_parallelism_change,
             };
-            check_fingerprint(store.as_ref(), entry, &self.descriptor(), allowed).map_err(|e| self.store_failure(e))?;
-            info!(checkpoint = %entry.checkpoint.id, entry = %entry.file_name(), "restoring from checkpoint");
+            check_fingerprint(&checkpoints.location(), entry, &self.descriptor(), allowed).map_err(fail)?;
+            info!(checkpoint = %entry.checkpoint.id, entry = %entry.file_name(), %epoch, "restoring from checkpoint");
         } else {
-            info!("no checkpoint found: first start");
+            info!(%epoch, "no checkpoint found: first start");
         }
-        let committed_through = self.with_store(store, |store| store.committed_through()).await?;
+        let committed_through = head.committed_through;
         // Unreadable newer entries are checked anyway (and explain the gap).
         let gone = match (&latest, committed_through) {
             (Some(entry), Some(through)) if through > entry.checkpoint.id && skipped.is_empty() => {
-                let quarantined = self.with_store(store, |store| store.quarantined()).await?;
+                let quarantined = checkpoints.set_aside_entries().await.map_err(fail)?;
                 let set_aside = quarantined.iter().any(|q| q.id >= through);
                 (!set_aside).then_some(through)
             }
             _ => None,
         };
-        let retained = self.with_store(store, |store| store.list()).await?;
+        let retained = checkpoints.list().await.map_err(fail)?;
         region.restorable.set(super::region::oldest(&retained));
         // Everything the restored checkpoint lists was committed by every sink
         // before the pipeline stopped: nothing is left to commit, and a store
@@ -147,6 +139,7 @@ impl Pipeline {
             );
         }
         Ok(Restored {
+            epoch,
             latest,
             reserved,
             all_committed,
@@ -255,8 +248,11 @@ impl Pipeline {
                 ..CheckpointData::default()
             },
         );
-        let saved = entry.clone();
-        self.with_store(&region.store, move |store| store.save(&saved)).await?;
+        region
+            .checkpoints
+            .save(restored.epoch, &entry)
+            .await
+            .map_err(|e| self.store_failure(e))?;
         info!(
             entry = %entry.file_name(),
             splits = entry.checkpoint.positions.0.len(),

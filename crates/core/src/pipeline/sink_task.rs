@@ -87,7 +87,7 @@ impl SinkTask {
         .await;
         if let Err(e) = result {
             if let Err(abort_error) = self.sink.abort().await {
-                warn!(error = %abort_error, "abort after failure failed; recovery will clean up");
+                warn!(error = %crate::error::ErrorChain(&abort_error), "abort after failure failed; recovery will clean up");
             }
             let _ = self.reports.send(Report::Failed(TaskId::Sink(self.index), e));
         }

@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use crate::record::{Record, SplitPositions};
 use crate::source::{Poll, Source};
 use crate::split_name::SplitName;
+use crate::transform::{Chain, Tally};
 
 /// Sends `msg` to a sink subtask. When the channel is full the source waits
 /// until half of it is free, not for one slot: a source that reads faster
@@ -36,6 +37,8 @@ pub(super) struct SourceTask {
     source: Box<dyn Source>,
     /// One channel per sink subtask.
     outputs: Vec<mpsc::Sender<Msg>>,
+    /// Run on every batch the source returns, before it is routed.
+    transforms: Chain,
     batch_size: usize,
     reports: mpsc::UnboundedSender<Report>,
     metrics: Arc<Metrics>,
@@ -46,6 +49,7 @@ impl SourceTask {
         index: usize,
         source: Box<dyn Source>,
         outputs: Vec<mpsc::Sender<Msg>>,
+        transforms: Chain,
         batch_size: usize,
         reports: mpsc::UnboundedSender<Report>,
         metrics: Arc<Metrics>,
@@ -54,6 +58,7 @@ impl SourceTask {
             index,
             source,
             outputs,
+            transforms,
             batch_size,
             reports,
             metrics,
@@ -140,7 +145,7 @@ impl SourceTask {
                         // Progress publishing only (e.g. consumer-group offsets for lag
                         // tools): a failure here must not restart the pipeline.
                         if let Err(e) = self.source.checkpoint_complete(id).await {
-                            warn!(checkpoint = %id, error = %e, "source could not publish checkpoint progress");
+                            warn!(checkpoint = %id, error = %crate::error::ErrorChain(&e), "source could not publish checkpoint progress");
                         }
                     }
                     SourceCommand::Stop => {
@@ -156,6 +161,16 @@ impl SourceTask {
                 Poll::Records(records) if records.is_empty() => {}
                 Poll::Records(records) => {
                     self.metrics.source_read(self.index, &records);
+                    // The source's position already covers every record
+                    // read: what a transform drops stays passed.
+                    let records = if self.transforms.is_empty() {
+                        records
+                    } else {
+                        let mut tally = Tally::default();
+                        let out = self.transforms.apply(records, &mut tally)?;
+                        self.metrics.transformed(&tally);
+                        out
+                    };
                     self.emit(records).await?;
                     fault::point_at("source.after_emit", self.index);
                 }

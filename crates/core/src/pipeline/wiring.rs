@@ -76,6 +76,7 @@ impl Pipeline {
                 i,
                 source,
                 outputs,
+                self.transforms.clone(),
                 self.config.batch_size,
                 report_tx.clone(),
                 self.metrics.clone(),

@@ -21,7 +21,7 @@ pub(super) struct Connections {
 impl Connections {
     /// The address of an open connection: any kept one, else a new one to
     /// the first bootstrap server of `config` that answers.
-    pub async fn any(&mut self, config: &WireConfig) -> Result<String, WireError> {
+    pub(super) async fn any(&mut self, config: &WireConfig) -> Result<String, WireError> {
         if let Some(address) = self.open.keys().next() {
             return Ok(address.clone());
         }
@@ -33,7 +33,7 @@ impl Connections {
 
     /// The connection to `address`, opened with `config`'s options unless
     /// one is kept.
-    pub async fn to(&mut self, address: &str, config: &WireConfig) -> Result<&mut KafkaConnection, WireError> {
+    pub(super) async fn to(&mut self, address: &str, config: &WireConfig) -> Result<&mut KafkaConnection, WireError> {
         if !self.open.contains_key(address) {
             let connection = KafkaConnection::connect_with(address, &config.options).await?;
             self.open.insert(address.to_string(), connection);
@@ -43,7 +43,7 @@ impl Connections {
 
     /// Sends `request(version)` to `address`, in the highest version within
     /// `client` that the broker speaks; returns that version and the answer.
-    pub async fn request<R>(
+    pub(super) async fn request<R>(
         &mut self,
         address: &str,
         config: &WireConfig,
@@ -67,7 +67,7 @@ impl Connections {
     /// `result` of an exchange on the connection to `address`, which is
     /// dropped after an error that left it unusable: the next call opens a
     /// new one.
-    pub fn settle<T>(&mut self, address: &str, result: Result<T, WireError>) -> Result<T, WireError> {
+    pub(super) fn settle<T>(&mut self, address: &str, result: Result<T, WireError>) -> Result<T, WireError> {
         if let Err(error) = &result {
             if breaks_connection(error) && self.open.remove(address).is_some() {
                 debug!(broker = %address, %error, "connection dropped; the next call reconnects");

@@ -5,9 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use kafka_protocol::protocol::{Request, VersionRange};
+use kafka_protocol::ResponseError;
 use tracing::debug;
 
-use crate::cluster::{coordinator, partition_metadata, ClusterMetadata, CoordinatorKind, NotReadyBackoff};
+use crate::backoff::Backoff;
+use crate::cluster::{
+    coordinator, not_ready_backoff, partition_metadata, retries_not_ready, topic_names, ClusterMetadata,
+    CoordinatorKind,
+};
 use crate::config::WireConfig;
 use crate::connection::api_key;
 use crate::error::WireError;
@@ -19,9 +24,10 @@ mod tests;
 mod topic;
 
 use connections::Connections;
-use requests::{LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH};
+pub use requests::{EpochAsk, EpochEnd};
+use requests::{LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, OFFSET_FOR_LEADER_EPOCH};
 use topic::partitions_by_leader;
-pub use topic::{OffsetSpec, TopicMetadata};
+pub use topic::{Leader, OffsetSpec, TopicMetadata};
 
 /// The calls a consumer makes beside Fetch: topic metadata, offsets by
 /// position or time, and a consumer group's committed offsets.
@@ -77,6 +83,59 @@ impl ConsumerClient {
         let metadata = TopicMetadata::from_cluster(cluster);
         debug!(topic, partitions = metadata.leaders.len(), leaders = ?metadata.leaders, "topic metadata");
         Ok(metadata)
+    }
+
+    /// The names of every topic of the cluster, internal ones
+    /// (`__consumer_offsets`, ...) included; asked on any open connection,
+    /// else on a bootstrap server.
+    pub async fn topic_names(&mut self) -> Result<BTreeSet<String>, WireError> {
+        let address = self.connections.any(&self.config).await?;
+        let connection = self.connections.to(&address, &self.config).await?;
+        let result = topic_names(connection).await;
+        self.connections.settle(&address, result)
+    }
+
+    /// Like [`topic_metadata`](Self::topic_metadata), asked of the broker
+    /// at `address` when it is given (the one the caller trusts to answer
+    /// soon: not a broker whose requests hang), on a kept or a new
+    /// connection; any broker otherwise.
+    pub async fn topic_metadata_at(&mut self, address: Option<&str>, topic: &str) -> Result<TopicMetadata, WireError> {
+        let Some(address) = address else {
+            return self.topic_metadata(topic).await;
+        };
+        let result = match self.connections.to(address, &self.config).await {
+            Ok(connection) => partition_metadata(connection, Some(topic)).await,
+            Err(error) => Err(error),
+        };
+        let cluster = self.connections.settle(address, result)?;
+        Ok(TopicMetadata::from_cluster(cluster))
+    }
+
+    /// Where each of `asks` (a partition, the epoch of its position, its
+    /// current leader epoch) ends, asked of the partitions' leader at
+    /// `leader` with OffsetForLeaderEpoch. Per partition: the end, or the
+    /// partition's error code (FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+    /// NOT_LEADER_OR_FOLLOWER, ...: the caller reads the metadata again and
+    /// asks the new leader). An error of the exchange itself is `Err`. An
+    /// empty `asks` sends nothing.
+    pub async fn epoch_ends_at(
+        &mut self,
+        leader: &str,
+        topic: &str,
+        asks: &[EpochAsk],
+    ) -> Result<BTreeMap<i32, Result<EpochEnd, ResponseError>>, WireError> {
+        if asks.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let asked: BTreeSet<i32> = asks.iter().map(|a| a.partition).collect();
+        let request = |_| requests::offset_for_leader_epoch(topic, asks);
+        let (_, response) = self
+            .connections
+            .request(leader, &self.config, OFFSET_FOR_LEADER_EPOCH, request)
+            .await?;
+        let ends = requests::epoch_ends(leader, topic, &asked, response)?;
+        debug!(topic, leader, ?ends, "OffsetForLeaderEpoch");
+        Ok(ends)
     }
 
     /// The offset at `spec` of each of `partitions` of `topic` (duplicates
@@ -224,7 +283,7 @@ impl ConsumerClient {
     where
         R: Request + Debug,
     {
-        let mut backoff = NotReadyBackoff::new(self.config.coordinator_wait);
+        let mut backoff = not_ready_backoff(self.config.coordinator_wait);
         loop {
             let result = match self.group_coordinator(group, &backoff).await {
                 Ok(address) => {
@@ -238,14 +297,14 @@ impl ConsumerClient {
             };
             // The coordinator may have moved, or its broker gone away.
             self.coordinators.remove(group);
-            if !backoff.retries(&error) {
+            if !retries_not_ready(&backoff, &error) {
                 return Err(error);
             }
             debug!(
                 group,
                 api = ?api_key::<R>(),
                 %error,
-                attempts = backoff.attempts,
+                attempts = backoff.attempts(),
                 backoff = ?backoff.next_pause(),
                 "group coordinator not ready; finding it again"
             );
@@ -256,7 +315,7 @@ impl ConsumerClient {
     /// The address of the coordinator of `group`: cached, else found with
     /// FindCoordinator (asked again while not ready, until `backoff`'s
     /// deadline).
-    async fn group_coordinator(&mut self, group: &str, backoff: &NotReadyBackoff) -> Result<String, WireError> {
+    async fn group_coordinator(&mut self, group: &str, backoff: &Backoff) -> Result<String, WireError> {
         if let Some(address) = self.coordinators.get(group) {
             return Ok(address.clone());
         }

@@ -10,11 +10,13 @@ use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartiti
 use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
 };
+use kafka_protocol::messages::offset_for_leader_epoch_request::{OffsetForLeaderPartition, OffsetForLeaderTopic};
 use kafka_protocol::messages::{
     ApiKey, BrokerId, GroupId, ListOffsetsRequest, ListOffsetsResponse, OffsetCommitRequest, OffsetCommitResponse,
-    OffsetFetchRequest, OffsetFetchResponse, TopicName,
+    OffsetFetchRequest, OffsetFetchResponse, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, TopicName,
 };
 use kafka_protocol::protocol::{StrBytes, VersionRange};
+use kafka_protocol::ResponseError;
 
 use crate::connection::versions;
 use crate::error::WireError;
@@ -37,6 +39,10 @@ pub(super) const OFFSET_FETCH: VersionRange = versions(1, 9);
 /// by id only, so it is left out (Kafka 4.1 offers v2 to v9;
 /// kafka-protocol 0.18 encodes up to v9).
 pub(super) const OFFSET_COMMIT: VersionRange = versions(2, 9);
+/// OffsetForLeaderEpoch versions spoken: v2 added the current leader epoch
+/// (fenced by the broker like a Fetch's), v3 the replica id (-1: a
+/// consumer), v4 the flexible encoding.
+pub(super) const OFFSET_FOR_LEADER_EPOCH: VersionRange = versions(3, 4);
 /// First OffsetFetch version with the `groups` array.
 const OFFSET_FETCH_GROUPS: i16 = 8;
 /// First OffsetFetch version with `require_stable`.
@@ -117,6 +123,85 @@ pub(super) fn listed_offsets(
 ) -> Result<BTreeMap<i32, Option<i64>>, WireError> {
     let answered = answered_partitions!(response.topics, topic, |p| known_offset(p.offset));
     per_partition(addr, ApiKey::ListOffsets, "", topic, asked, answered)
+}
+
+/// OffsetForLeaderEpoch for `asks` of `topic`, as a consumer (replica id
+/// -1).
+pub(super) fn offset_for_leader_epoch(topic: &str, asks: &[EpochAsk]) -> OffsetForLeaderEpochRequest {
+    let partitions = asks
+        .iter()
+        .map(|ask| {
+            OffsetForLeaderPartition::default()
+                .with_partition(ask.partition)
+                .with_leader_epoch(ask.epoch)
+                .with_current_leader_epoch(ask.current_leader_epoch)
+        })
+        .collect();
+    OffsetForLeaderEpochRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![OffsetForLeaderTopic::default()
+            .with_topic(topic_name(topic))
+            .with_partitions(partitions)])
+}
+
+/// The answers of an OffsetForLeaderEpoch for the `asked` partitions of
+/// `topic`: per partition the epoch end, or its error code (kept per
+/// partition: FENCED_LEADER_EPOCH for one, a moved leader for another).
+pub(super) fn epoch_ends(
+    addr: &str,
+    topic: &str,
+    asked: &BTreeSet<i32>,
+    response: OffsetForLeaderEpochResponse,
+) -> Result<BTreeMap<i32, Result<EpochEnd, ResponseError>>, WireError> {
+    let mut ends = BTreeMap::new();
+    let answered = response
+        .topics
+        .into_iter()
+        .filter(|t| t.topic.0.as_str() == topic)
+        .flat_map(|t| t.partitions);
+    for p in answered.filter(|p| asked.contains(&p.partition)) {
+        let end = match ResponseError::try_from_code(p.error_code) {
+            Some(error) => Err(error),
+            None => Ok(EpochEnd {
+                epoch: (p.leader_epoch >= 0).then_some(p.leader_epoch),
+                end_offset: (p.end_offset >= 0).then_some(p.end_offset),
+            }),
+        };
+        ends.insert(p.partition, end);
+    }
+    if let Some(missing) = asked.iter().find(|p| !ends.contains_key(p)) {
+        return Err(WireError::Protocol {
+            addr: addr.to_string(),
+            message: format!("OffsetForLeaderEpoch answer does not mention {topic}/{missing}"),
+        });
+    }
+    Ok(ends)
+}
+
+/// One partition of an OffsetForLeaderEpoch request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochAsk {
+    /// The partition.
+    pub partition: i32,
+    /// The leader epoch whose end is asked: the epoch of the last record a
+    /// position passed.
+    pub epoch: i32,
+    /// The partition's current leader epoch as the asker knows it (-1:
+    /// unknown); a broker with another one refuses (FENCED_LEADER_EPOCH or
+    /// UNKNOWN_LEADER_EPOCH) instead of answering from an old view.
+    pub current_leader_epoch: i32,
+}
+
+/// Where a leader epoch ends in a partition's log, as its leader says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochEnd {
+    /// The largest epoch at or below the one asked that the leader knows
+    /// (`None`: it knows none, e.g. one above its latest).
+    pub epoch: Option<i32>,
+    /// The first offset after that epoch: the log end offset for the
+    /// current epoch, the start of the next epoch for an older one
+    /// (`None` with `epoch`).
+    pub end_offset: Option<i64>,
 }
 
 /// OffsetFetch of `partitions` of `topic` for `group` in `version`: one

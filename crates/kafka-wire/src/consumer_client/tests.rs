@@ -48,6 +48,8 @@ fn cluster(leaders: &[(i32, i32)], errors: &[(i32, ResponseError)]) -> ClusterMe
         brokers: BTreeMap::from([(1, "broker-1:9092".into()), (2, "broker-2:9092".into())]),
         leaders: leaders.iter().copied().collect(),
         partition_errors: errors.iter().copied().collect(),
+        leader_epochs: leaders.iter().map(|(p, _)| (*p, 0)).collect(),
+        topic_id: None,
     }
 }
 

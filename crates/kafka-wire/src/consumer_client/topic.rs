@@ -9,6 +9,7 @@ use kafka_protocol::ResponseError;
 use super::requests::{EARLIEST_TIMESTAMP, LATEST_TIMESTAMP};
 use crate::cluster::ClusterMetadata;
 use crate::error::WireError;
+use crate::topic_id::TopicId;
 
 /// What [`ConsumerClient::topic_metadata`] reports of one topic.
 ///
@@ -27,6 +28,14 @@ pub struct TopicMetadata {
     /// `HOST:PORT` of every broker of the cluster, by node id (as the
     /// brokers advertise themselves).
     pub brokers: BTreeMap<i32, String>,
+    /// The leader epoch of every partition (-1 where the broker names none):
+    /// it grows with every change of leader, so a client that fetches
+    /// with it is refused by a broker that led the partition before
+    /// (FENCED_LEADER_EPOCH) instead of being served by a follower.
+    pub leader_epochs: BTreeMap<i32, i32>,
+    /// The topic's id (`None` from a broker that names none): a topic
+    /// deleted and created again under the same name has another one.
+    pub topic_id: Option<TopicId>,
 }
 
 impl TopicMetadata {
@@ -36,6 +45,17 @@ impl TopicMetadata {
     pub fn leader_address(&self, partition: i32) -> Option<&str> {
         let leader = self.leaders.get(&partition).copied().flatten()?;
         self.brokers.get(&leader).map(String::as_str)
+    }
+
+    /// The leader of `partition` with its address and epoch: `None` as for
+    /// [`leader_address`](Self::leader_address).
+    pub fn leader(&self, partition: i32) -> Option<Leader> {
+        let node = self.leaders.get(&partition).copied().flatten()?;
+        Some(Leader {
+            node,
+            address: self.brokers.get(&node)?.clone(),
+            epoch: self.leader_epochs.get(&partition).copied().unwrap_or(-1),
+        })
     }
 
     /// The topic's part of `cluster` (Metadata asked for one topic).
@@ -49,8 +69,21 @@ impl TopicMetadata {
             cluster_id: cluster.cluster_id,
             leaders,
             brokers: cluster.brokers,
+            leader_epochs: cluster.leader_epochs,
+            topic_id: cluster.topic_id,
         }
     }
+}
+
+/// A partition's leader as the metadata names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// Its node id.
+    pub node: i32,
+    /// `HOST:PORT`, as it advertises itself.
+    pub address: String,
+    /// The partition's leader epoch (-1: unknown).
+    pub epoch: i32,
 }
 
 /// The leader of `partition` in `cluster` if it can serve: a leader id, and

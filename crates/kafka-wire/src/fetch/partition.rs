@@ -16,6 +16,9 @@ pub(crate) struct PartitionRead {
     /// The next offset to fetch: past the last complete batch, control
     /// batches and aborted batches included (which deliver nothing).
     pub next: i64,
+    /// The leader epoch of the last batch passed (`None`: no batch, or
+    /// only batches that carry none).
+    pub last_epoch: Option<i32>,
     /// The answer held bytes but not one complete batch from the position
     /// on: the broker cut a batch at the partition's byte limit, so the
     /// next Fetch must allow more. (Apache Kafka sends nothing instead of
@@ -31,8 +34,13 @@ pub(crate) struct PartitionRead {
 /// batches cover, and the records before `position` (an answer starts at
 /// the batch that holds the position).
 ///
-/// Fails on a corrupt batch (bad CRC, undecodable records) and on the
-/// pre-0.11 message format, naming the offset.
+/// Entries of message formats v0 and v1 are read too: plain batches to the
+/// filter (no producer, no transaction), their records delivered, the
+/// position moved past them alike; a compressed entry holding the position
+/// delivers its inner records from the position on.
+///
+/// Fails on a corrupt batch or message (bad CRC, undecodable records),
+/// naming the offset.
 pub(crate) fn read_partition(
     position: i64,
     mut raw: Bytes,
@@ -43,6 +51,7 @@ pub(crate) fn read_partition(
     let mut read = PartitionRead {
         records: Vec::new(),
         next: position,
+        last_epoch: None,
         cut: false,
     };
     while let Some(batch) = take_batch(&mut raw)? {
@@ -59,6 +68,9 @@ pub(crate) fn read_partition(
             read.records.drain(start..start + before);
         }
         read.next = header.last_offset + 1;
+        if header.leader_epoch >= 0 {
+            read.last_epoch = Some(header.leader_epoch);
+        }
     }
     read.cut = had_bytes && read.next == position;
     Ok(read)

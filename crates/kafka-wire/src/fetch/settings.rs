@@ -19,6 +19,25 @@ pub enum OffsetReset {
     Error,
 }
 
+/// What a [`Fetcher`](super::Fetcher) does when a partition's log was
+/// truncated below the position it read (an unclean leader election): see
+/// [`WireError::LogTruncated`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnTruncation {
+    /// Stop with [`WireError::LogTruncated`]: nothing is skipped or read
+    /// twice silently.
+    #[default]
+    Fail,
+    /// Go on at the offset where the log diverges, with a warning and a
+    /// count of the offsets read that no longer exist
+    /// ([`FetchCounters::truncated_offsets`](super::FetchCounters::truncated_offsets)),
+    /// and a [`FetchedChunk::truncation`](super::FetchedChunk::truncation)
+    /// telling the consumer. The records now at those offsets are read.
+    /// Where the leader cannot tell the divergence, the fetcher stops as
+    /// with `Fail`.
+    Resume,
+}
+
 /// How a [`Fetcher`](super::Fetcher) fetches. [`from_properties`](Self::from_properties)
 /// reads them from consumer properties; the defaults suit a pipeline that
 /// reads as fast as it writes.
@@ -54,6 +73,21 @@ pub struct FetchSettings {
     /// Longest pause between retries (`reconnect.backoff.max.ms`, default
     /// 1 s).
     pub max_backoff: Duration,
+    /// How old the partitions' leaders may get before they are read again
+    /// (`metadata.max.age.ms`, default 5 minutes as Kafka's consumer): a
+    /// moved leader is usually found sooner, by the error or the fenced
+    /// epoch its old broker answers with.
+    pub metadata_max_age: Duration,
+    /// The consumer's rack (`client.rack`): a leader that knows racks may
+    /// then name a replica of this rack to fetch from instead (KIP-392).
+    pub rack: Option<String>,
+    /// How long the topic may be missing from the metadata (deleted) before
+    /// the fetcher stops with [`WireError::TopicMissing`] (default 60 s;
+    /// set by the source, not a Kafka property).
+    pub missing_topic_timeout: Duration,
+    /// What happens when a partition's log was truncated below the
+    /// position read (default [`OnTruncation::Fail`]; set by the source).
+    pub on_truncation: OnTruncation,
 }
 
 impl Default for FetchSettings {
@@ -67,12 +101,16 @@ impl Default for FetchSettings {
             offset_reset: OffsetReset::Earliest,
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(1),
+            metadata_max_age: Duration::from_secs(300),
+            rack: None,
+            missing_topic_timeout: Duration::from_secs(60),
+            on_truncation: OnTruncation::Fail,
         }
     }
 }
 
 /// The consumer properties [`FetchSettings::from_properties`] reads.
-pub const FETCH_PROPERTIES: [&str; 9] = [
+pub const FETCH_PROPERTIES: [&str; 11] = [
     "fetch.wait.max.ms",
     "fetch.max.wait.ms",
     "fetch.min.bytes",
@@ -82,6 +120,8 @@ pub const FETCH_PROPERTIES: [&str; 9] = [
     "auto.offset.reset",
     "fetch.error.backoff.ms",
     "reconnect.backoff.max.ms",
+    "metadata.max.age.ms",
+    "client.rack",
 ];
 
 impl FetchSettings {
@@ -127,6 +167,8 @@ impl FetchSettings {
             "queued.max.messages.kbytes" => self.queued_max_bytes = number(1, 2_097_151)? as usize * 1024,
             "fetch.error.backoff.ms" => self.backoff = Duration::from_millis(number(0, 300_000)?),
             "reconnect.backoff.max.ms" => self.max_backoff = Duration::from_millis(number(0, 3_600_000)?),
+            "metadata.max.age.ms" => self.metadata_max_age = Duration::from_millis(number(1, 86_400_000)?),
+            "client.rack" => self.rack = (!value.is_empty()).then(|| value.to_string()),
             "auto.offset.reset" => {
                 self.offset_reset = match value {
                     "earliest" | "smallest" | "beginning" => OffsetReset::Earliest,
@@ -160,6 +202,8 @@ mod tests {
             ("auto.offset.reset", "error"),
             ("fetch.error.backoff.ms", "5"),
             ("reconnect.backoff.max.ms", "50"),
+            ("metadata.max.age.ms", "1500"),
+            ("client.rack", "eu-1a"),
             ("sasl.password", "not looked at"),
         ])
         .unwrap();
@@ -172,6 +216,8 @@ mod tests {
             (s.backoff, s.max_backoff),
             (Duration::from_millis(5), Duration::from_millis(50))
         );
+        assert_eq!(s.metadata_max_age, Duration::from_millis(1500));
+        assert_eq!(s.rack.as_deref(), Some("eu-1a"));
         assert_eq!(settings(&[]).unwrap(), FetchSettings::default());
     }
 

@@ -1,10 +1,9 @@
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 
 use super::*;
-use crate::batch::MAGIC_AT;
 
 const PLAIN: i64 = -1;
 
@@ -308,14 +307,53 @@ fn decodes_fetched_batches() {
 }
 
 #[test]
-fn refuses_old_message_formats() {
+fn decodes_messages_of_formats_v0_and_v1_as_plain_batches() {
+    use crate::message_set::{message, plain, wrapper, Codec};
     let mut buf = BytesMut::new();
+    buf.put_slice(&plain(0, 0, 0, "k0", "v0"));
+    buf.put_slice(&message(1, 1, 0, 1_001, None, None));
+    let inner = [plain(0, 1, 1_002, "k2", "v2"), plain(1, 1, 1_003, "k3", "v3")].concat();
+    buf.put_slice(&wrapper(3, 1, Codec::Lz4, false, 1_003, &inner));
     encode(
         &mut buf,
-        &[wire_record(0, -1, false, b"k", Some(b"v"))],
-        Compression::None,
+        &[wire_record(4, -1, false, b"k4", Some(b"v4"))],
+        Compression::Snappy,
     );
-    buf[MAGIC_AT] = 1;
-    let err = decode_batches(&mut buf.freeze()).unwrap_err();
-    assert!(err.contains("message format v1"), "{err}");
+    let batches = decode_batches(&mut buf.freeze()).unwrap();
+    let shape: Vec<_> = batches
+        .iter()
+        .map(|b| {
+            (
+                b.base_offset,
+                b.last_offset,
+                b.producer_id,
+                b.transactional,
+                b.records.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (0, 0, -1, false, 1),
+            (1, 1, -1, false, 1),
+            (2, 3, -1, false, 2),
+            (4, 4, -1, false, 1)
+        ]
+    );
+    let records = committed_records("t", 0, batches);
+    let seen: Vec<_> = records
+        .iter()
+        .map(|r| (r.offset, r.timestamp, r.value.clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (0, -1, Some(b"v0".to_vec())),
+            (1, 1_001, None),
+            (2, 1_002, Some(b"v2".to_vec())),
+            (3, 1_003, Some(b"v3".to_vec())),
+            (4, 5_004, Some(b"v4".to_vec())),
+        ]
+    );
 }

@@ -2,6 +2,8 @@
 //! fresh names, topics, and librdkafka producers to write records with.
 #![allow(dead_code)] // each test binary uses its own part
 
+pub(crate) mod message_set;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,11 +16,11 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 /// Limit for librdkafka's blocking calls (transactions, flushes).
-pub const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A topic, group or transactional id of this run alone: name, process,
 /// time, count.
-pub fn fresh(name: &str) -> String {
+pub(crate) fn fresh(name: &str) -> String {
     static COUNT: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
     let count = COUNT.fetch_add(1, Ordering::Relaxed);
@@ -26,7 +28,7 @@ pub fn fresh(name: &str) -> String {
 }
 
 /// Debug logs of this crate in the test output.
-pub fn init_tracing() {
+pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter("exactly_kafka_wire=debug,librdkafka=warn")
@@ -34,12 +36,12 @@ pub fn init_tracing() {
 }
 
 /// The shared broker, with debug logs of this crate in the test output.
-pub fn kafka() -> &'static KafkaBroker {
+pub(crate) fn kafka() -> &'static KafkaBroker {
     init_tracing();
     KafkaBroker::shared().expect("the shared Kafka broker")
 }
 
-pub fn admin(bootstrap: &str) -> AdminClient<DefaultClientContext> {
+pub(crate) fn admin(bootstrap: &str) -> AdminClient<DefaultClientContext> {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -47,7 +49,7 @@ pub fn admin(bootstrap: &str) -> AdminClient<DefaultClientContext> {
 }
 
 /// Creates a topic of `partitions` partitions (a fresh name) on `bootstrap`.
-pub async fn new_topic(bootstrap: &str, name: &str, partitions: i32) -> String {
+pub(crate) async fn new_topic(bootstrap: &str, name: &str, partitions: i32) -> String {
     let topic = fresh(name);
     let created = admin(bootstrap)
         .create_topics(
@@ -62,7 +64,7 @@ pub async fn new_topic(bootstrap: &str, name: &str, partitions: i32) -> String {
 
 /// Deletes the records of `topic`/`partition` below `offset`
 /// (DeleteRecords), as retention would: the log then starts there.
-pub async fn delete_records_below(bootstrap: &str, topic: &str, partition: i32, offset: i64) {
+pub(crate) async fn delete_records_below(bootstrap: &str, topic: &str, partition: i32, offset: i64) {
     let mut below = rdkafka::TopicPartitionList::new();
     below
         .add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
@@ -76,7 +78,7 @@ pub async fn delete_records_below(bootstrap: &str, topic: &str, partition: i32, 
 /// Remembers the `eos` object of librdkafka's latest statistics JSON, and
 /// fails the test on a failed delivery.
 #[derive(Default)]
-pub struct StatsContext {
+pub(crate) struct StatsContext {
     pub eos: Mutex<Option<serde_json::Value>>,
 }
 
@@ -97,7 +99,7 @@ impl ProducerContext for StatsContext {
 }
 
 /// A librdkafka producer with `settings`.
-pub fn producer(bootstrap: &str, settings: &[(&str, &str)]) -> BaseProducer<StatsContext> {
+pub(crate) fn producer(bootstrap: &str, settings: &[(&str, &str)]) -> BaseProducer<StatsContext> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", bootstrap)
@@ -112,7 +114,7 @@ pub fn producer(bootstrap: &str, settings: &[(&str, &str)]) -> BaseProducer<Stat
 
 /// Produces `values` round-robin over `partitions` partitions (key
 /// `key-<value>`) and waits until they are delivered.
-pub fn send(producer: &BaseProducer<StatsContext>, topic: &str, partitions: i32, values: &[String]) {
+pub(crate) fn send(producer: &BaseProducer<StatsContext>, topic: &str, partitions: i32, values: &[String]) {
     for (i, value) in values.iter().enumerate() {
         let key = format!("key-{value}");
         let record = BaseRecord::to(topic)

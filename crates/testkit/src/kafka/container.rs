@@ -10,23 +10,34 @@
 //! the advertised `127.0.0.1:PORT` is right on both sides, with the same
 //! single-node transaction-log settings as a local broker.
 
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(feature = "containers")]
+use std::{fs, os::unix::fs::PermissionsExt, path::PathBuf};
 
 use tempfile::TempDir;
 
+#[cfg(feature = "containers")]
 use super::install::KAFKA_VERSION;
+#[cfg(feature = "containers")]
 use super::jvm::{new_cluster_id, CLUSTER_ID, LOG_FILE, TEST_SETTINGS};
+#[cfg(feature = "containers")]
 use super::ready;
+#[cfg(feature = "containers")]
 use testcontainers::core::{ContainerPort, WaitFor};
+#[cfg(feature = "containers")]
 use testcontainers::{GenericImage, ImageExt};
 
-use crate::container::{self, Container, ContainerSpec, Engine};
-use crate::error::{Result, TestkitError};
+#[cfg(feature = "containers")]
+use crate::container::{self, ContainerSpec};
+use crate::container::{Container, Engine};
+use crate::error::Result;
+#[cfg(feature = "containers")]
+use crate::error::TestkitError;
+#[cfg(feature = "containers")]
 use crate::process;
 
 /// The image's name (its tag is [`KAFKA_VERSION`]).
+#[cfg(feature = "containers")]
 const KAFKA_IMAGE_NAME: &str = "apache/kafka";
 
 /// Expands to the Apache Kafka image of the Docker fallback (a macro so that
@@ -45,7 +56,9 @@ pub const KAFKA_IMAGE: &str = kafka_image!();
 /// where a persistent container broker keeps its Kafka log dirs.
 pub const CONTAINER_DATA_DIR: &str = "kafka-data";
 
+#[cfg(feature = "containers")]
 const SERVICE: &str = "Kafka broker (container)";
+#[cfg(feature = "containers")]
 const FIX_CONTAINER: &str = concat!(
     "read the container log above; check that the Docker engine can pull ",
     kafka_image!(),
@@ -53,6 +66,7 @@ const FIX_CONTAINER: &str = concat!(
      or set EXACTLY_KAFKA_BOOTSTRAP to use a running Kafka"
 );
 /// Where a container broker keeps its data (a volume of the image).
+#[cfg(feature = "containers")]
 const CONTAINER_LOG_DIRS: &str = "/var/lib/kafka/data";
 
 /// A container broker and the temp dir of its log (when not persistent).
@@ -64,6 +78,7 @@ pub(crate) struct Started {
 /// A single-node KRaft Kafka container listening on the same port inside
 /// and outside, so that the advertised `127.0.0.1:PORT` is right on both
 /// sides. `persistent_dir` (absolute) keeps its data across containers.
+#[cfg(feature = "containers")]
 pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[(String, String)]) -> Result<Started> {
     assert!(
         KAFKA_IMAGE.ends_with(KAFKA_VERSION),
@@ -146,6 +161,7 @@ pub(crate) fn start(engine: &Engine, persistent_dir: Option<&Path>, settings: &[
 /// `KAFKA_*` variables (the image turns them into broker properties) for a
 /// combined broker and controller on `port`, with the test settings and the
 /// caller's.
+#[cfg(feature = "containers")]
 fn kafka_env(port: u16, cluster_id: &str, settings: &[(String, String)]) -> Vec<(String, String)> {
     // The controller listener is not published; it only has to differ from
     // the client port.
@@ -183,6 +199,7 @@ fn kafka_env(port: u16, cluster_id: &str, settings: &[(String, String)]) -> Vec<
 
 /// The image's variable for a broker property: `KAFKA_` and the key in
 /// capitals, `.` as `_`, `_` as `__`, `-` as `___`.
+#[cfg(feature = "containers")]
 fn env_name(key: &str) -> String {
     let mut name = String::from("KAFKA_");
     for c in key.chars() {
@@ -196,7 +213,18 @@ fn env_name(key: &str) -> String {
     name
 }
 
-#[cfg(test)]
+/// No container in a build without the `containers` feature (no engine
+/// either, so this is never called).
+#[cfg(not(feature = "containers"))]
+pub(crate) fn start(
+    engine: &Engine,
+    _persistent_dir: Option<&Path>,
+    _settings: &[(String, String)],
+) -> Result<Started> {
+    match *engine {}
+}
+
+#[cfg(all(test, feature = "containers"))]
 mod tests {
     use std::collections::HashMap;
 

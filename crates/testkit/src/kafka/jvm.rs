@@ -1,11 +1,17 @@
 //! An Apache Kafka broker run from its jars as a child JVM: one KRaft node
-//! that is broker and controller at once, on two free loopback ports.
+//! that is broker and controller at once, on two loopback ports.
 //!
 //! Its folder holds `server.properties`, `log4j2.properties`, the broker's
 //! output (`kafka.log`) and its data (`data/`). The data is formatted once
-//! (`kafka.tools.StorageTool format --standalone`) and kept across
+//! (`kafka.tools.StorageTool format`) and kept across
 //! [`restart`](Lifecycle::restart)s: a restarted broker recovers its logs
 //! like one that crashed.
+//!
+//! A node is either alone ([`Quorum::Alone`]: node 1, its own single-node
+//! quorum, the [`KafkaBroker`](super::KafkaBroker)) or one voter of a static
+//! quorum of several ([`Quorum::Voters`]: the nodes of a
+//! [`KafkaCluster`](super::KafkaCluster), each with its node id, ports and
+//! folder, all formatted with one cluster id).
 
 use std::ffi::OsString;
 use std::fs;
@@ -25,6 +31,7 @@ use crate::process::{self, GroupChild, Startup};
 /// folder), and a container started again on the same folder must agree
 /// with the id already there. Every other broker formats its data once with
 /// a [`new_cluster_id`] of its own.
+#[cfg_attr(not(feature = "containers"), allow(dead_code))]
 pub(crate) const CLUSTER_ID: &str = "ZXhhY3RseS10ZXN0a2l0LQ";
 /// File Kafka writes into a formatted data folder.
 pub(crate) const META_PROPERTIES: &str = "meta.properties";
@@ -83,6 +90,30 @@ pub(crate) struct BrokerSpec {
     pub(crate) tied_to_process: bool,
     /// A `SASL_SSL` listener besides the plaintext one.
     pub(crate) secured: Option<SecuredSpec>,
+    /// The node's id (`node.id`).
+    pub(crate) node_id: i32,
+    /// Where the node finds its controller quorum.
+    pub(crate) quorum: Quorum,
+}
+
+/// The controller quorum a node belongs to, and how its data folder is
+/// formatted.
+#[derive(Clone, Debug)]
+pub(crate) enum Quorum {
+    /// The node alone is its quorum: a single-node dynamic quorum
+    /// (`controller.quorum.bootstrap.servers` naming its own controller
+    /// port, formatted `--standalone`) with a cluster id of its own.
+    Alone,
+    /// A static quorum of several nodes (`controller.quorum.voters`, the
+    /// same on every node; formatted without `--standalone` or
+    /// `--initial-controllers`, which are for dynamic quorums), every node
+    /// formatted with `cluster_id`.
+    Voters {
+        /// `ID@127.0.0.1:CONTROLLER_PORT,...` for every node.
+        voters: String,
+        /// The id every node's data folder is formatted with.
+        cluster_id: String,
+    },
 }
 
 /// The `SASL_SSL` listener of a secured broker: its certificate, the SASL
@@ -130,6 +161,22 @@ impl JvmBroker {
     /// new, starts the JVM on free ports and waits until it answers
     /// Metadata.
     pub(crate) fn start(spec: BrokerSpec) -> Result<JvmBroker> {
+        let mut broker = JvmBroker::on_ports(spec, 0, 0)?;
+        process::with_free_port(SERVICE, |port| {
+            broker.port = port;
+            broker.controller_port = process::free_port()?;
+            if broker.spec.secured.is_some() {
+                broker.secured_port = process::free_port()?;
+            }
+            broker.launch()
+        })?;
+        Ok(broker)
+    }
+
+    /// A node that will listen on `port` and `controller_port` (chosen by
+    /// the caller, who names them to the other nodes of its quorum), its
+    /// folder created; nothing runs until [`launch`](Self::launch).
+    pub(crate) fn on_ports(spec: BrokerSpec, port: u16, controller_port: u16) -> Result<JvmBroker> {
         fs::create_dir_all(spec.dir.join(DATA_DIR)).map_err(|source| TestkitError::Io {
             service: SERVICE,
             action: format!("creating {}", spec.dir.join(DATA_DIR).display()),
@@ -137,25 +184,66 @@ impl JvmBroker {
             source,
         })?;
         let log = spec.dir.join(LOG_FILE);
-        let mut broker = JvmBroker {
+        Ok(JvmBroker {
             spec,
-            port: 0,
-            controller_port: 0,
+            port,
+            controller_port,
             secured_port: 0,
             log,
             child: None,
+        })
+    }
+
+    /// Writes the configuration, formats the data folder if it is new,
+    /// starts the JVM and waits until it answers Metadata (for a node of a
+    /// quorum of several: once a majority of the voters runs).
+    pub(crate) fn launch(&mut self) -> Result<()> {
+        self.write_config()?;
+        self.format_if_new()?;
+        self.spawn_and_wait()
+    }
+
+    /// Kills the JVM (SIGKILL to its process group) and reaps it, without
+    /// waiting for its ports to close.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+            tracing::info!(node = self.spec.node_id, port = self.port, "Kafka broker killed");
+        }
+    }
+
+    /// Stops the JVM the way an operator does (SIGTERM: a controlled
+    /// shutdown that hands the broker's leaderships to the other replicas
+    /// first) and waits until its ports are closed. Killed when it has not
+    /// exited within `grace`; returns whether it exited on its own.
+    pub(crate) fn shut_down(&mut self, grace: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
         };
-        process::with_free_port(SERVICE, |port| {
-            broker.port = port;
-            broker.controller_port = process::free_port()?;
-            if broker.spec.secured.is_some() {
-                broker.secured_port = process::free_port()?;
+        let clean = child.terminate(grace);
+        self.wait_ports_closed("a shutdown");
+        tracing::info!(
+            node = self.spec.node_id,
+            port = self.port,
+            clean,
+            "Kafka broker shut down"
+        );
+        clean
+    }
+
+    /// Waits until the client and controller ports are closed, after `what`
+    /// ended the JVM; warns about a port still open.
+    fn wait_ports_closed(&self, what: &str) {
+        for port in [self.port, self.controller_port] {
+            if !process::wait_port_closed(port) {
+                tracing::warn!(port, "Kafka port still open after {what}");
             }
-            broker.write_config()?;
-            broker.format_if_new()?;
-            broker.spawn_and_wait()
-        })?;
-        Ok(broker)
+        }
+    }
+
+    /// The node id.
+    pub(crate) fn node_id(&self) -> i32 {
+        self.spec.node_id
     }
 
     /// The client port.
@@ -198,17 +286,22 @@ impl JvmBroker {
     fn properties(&self) -> String {
         let (port, controller) = (self.port, self.controller_port);
         let data = self.spec.dir.join(DATA_DIR);
+        let quorum = match &self.spec.quorum {
+            Quorum::Alone => format!("controller.quorum.bootstrap.servers=127.0.0.1:{controller}"),
+            Quorum::Voters { voters, .. } => format!("controller.quorum.voters={voters}"),
+        };
         let mut text = format!(
             "# written by exactly-testkit\n\
              process.roles=broker,controller\n\
-             node.id=1\n\
-             controller.quorum.bootstrap.servers=127.0.0.1:{controller}\n\
+             node.id={}\n\
+             {quorum}\n\
              listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
              advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
              controller.listener.names=CONTROLLER\n\
              inter.broker.listener.name=PLAINTEXT\n\
              listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
              log.dirs={}\n",
+            self.spec.node_id,
             data.display()
         );
         if let Some(secured) = &self.spec.secured {
@@ -258,19 +351,26 @@ impl JvmBroker {
         text
     }
 
-    /// `StorageTool format --standalone` once per data folder, with a
-    /// cluster id of its own: two brokers of the kit are two clusters to a
-    /// client, as two real clusters are. A broker started again on its
-    /// folder finds the id there.
+    /// `StorageTool format` once per data folder. A node alone is formatted
+    /// `--standalone` with a cluster id of its own: two brokers of the kit
+    /// are two clusters to a client, as two real clusters are. A voter of a
+    /// static quorum is formatted with its cluster's id. A node started
+    /// again on its folder finds the id there.
     fn format_if_new(&self) -> Result<()> {
         if self.spec.dir.join(DATA_DIR).join(META_PROPERTIES).exists() {
             return Ok(());
         }
-        let cluster_id = new_cluster_id();
         let mut format = self.java();
+        format.arg("kafka.tools.StorageTool").arg("format");
+        let cluster_id = match &self.spec.quorum {
+            Quorum::Alone => {
+                format.arg("--standalone");
+                new_cluster_id()
+            }
+            Quorum::Voters { cluster_id, .. } => cluster_id.clone(),
+        };
         format
-            .arg("kafka.tools.StorageTool")
-            .args(["format", "--standalone", "--ignore-formatted", "-t", &cluster_id, "-c"])
+            .args(["--ignore-formatted", "-t", &cluster_id, "-c"])
             .arg(self.spec.dir.join(PROPERTIES_FILE));
         if let Some(secured) = &self.spec.secured {
             for mechanism in secured.mechanisms.iter().filter(|m| m.starts_with("SCRAM-")) {
@@ -338,6 +438,7 @@ impl JvmBroker {
             }
             if let Some(cluster) = ready::metadata_answered(self.port) {
                 tracing::info!(
+                    node = self.spec.node_id,
                     port = self.port,
                     cluster = ?cluster.cluster_id,
                     after_ms = started.elapsed().as_millis() as u64,
@@ -363,12 +464,8 @@ impl Lifecycle for JvmBroker {
     fn stop(&mut self) -> Result<()> {
         if let Some(mut child) = self.child.take() {
             child.kill();
-            for port in [self.port, self.controller_port] {
-                if !process::wait_port_closed(port) {
-                    tracing::warn!(port, "Kafka port still open after kill");
-                }
-            }
-            tracing::info!(port = self.port, "Kafka broker stopped");
+            self.wait_ports_closed("kill");
+            tracing::info!(node = self.spec.node_id, port = self.port, "Kafka broker stopped");
         }
         Ok(())
     }
@@ -384,11 +481,13 @@ impl Lifecycle for JvmBroker {
         self.child.as_mut().is_some_and(|child| child.exited().is_none())
     }
 
+    /// SIGSTOP or SIGCONT to the JVM's process group; returns once every
+    /// thread is stopped (or running again).
     fn set_frozen(&mut self, frozen: bool) -> Result<()> {
-        if let Some(child) = &self.child {
-            child.signal(if frozen { libc::SIGSTOP } else { libc::SIGCONT });
+        match self.pid() {
+            Some(pgid) => process::freeze_process_group(pgid, frozen, SERVICE),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn log_path(&self) -> &Path {
@@ -409,11 +508,12 @@ fn jvm_property(name: &str, path: &Path) -> OsString {
 pub(crate) fn new_cluster_id() -> String {
     let mut bytes = random_bytes();
     bytes[0] &= 0x7f;
-    cluster_id_of(bytes)
+    kafka_uuid(bytes)
 }
 
-/// `bytes` in URL-safe base64 without padding.
-fn cluster_id_of(bytes: [u8; 16]) -> String {
+/// `bytes` in URL-safe base64 without padding: how Kafka prints a `Uuid`
+/// (cluster ids, topic ids, directory ids).
+pub(crate) fn kafka_uuid(bytes: [u8; 16]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let value = u128::from_be_bytes(bytes);
     let mut chars = [0u8; 22];
@@ -503,6 +603,8 @@ mod tests {
                 heap: DEFAULT_HEAP.into(),
                 tied_to_process: false,
                 secured: None,
+                node_id: 1,
+                quorum: Quorum::Alone,
             },
             port: 41234,
             controller_port: 41235,
@@ -543,9 +645,34 @@ mod tests {
     }
 
     #[test]
+    fn a_voter_names_the_static_quorum_and_its_own_node_id() {
+        let mut node = broker(&[]);
+        node.spec.node_id = 2;
+        node.spec.quorum = Quorum::Voters {
+            voters: "1@127.0.0.1:41001,2@127.0.0.1:41235".into(),
+            cluster_id: "AAAAAAAAAAAAAAAAAAAAAA".into(),
+        };
+        let text = node.properties();
+        assert_eq!(value(&text, "node.id").as_deref(), Some("2"));
+        assert_eq!(
+            value(&text, "controller.quorum.voters").as_deref(),
+            Some("1@127.0.0.1:41001,2@127.0.0.1:41235")
+        );
+        assert_eq!(
+            value(&text, "controller.quorum.bootstrap.servers"),
+            None,
+            "a static quorum is named once"
+        );
+        assert_eq!(
+            value(&text, "listeners").as_deref(),
+            Some("PLAINTEXT://127.0.0.1:41234,CONTROLLER://127.0.0.1:41235")
+        );
+    }
+
+    #[test]
     fn cluster_ids_are_kafka_uuids_of_their_own() {
-        assert_eq!(cluster_id_of(*b"exactly-testkit-"), CLUSTER_ID);
-        assert_eq!(cluster_id_of([0xff; 16]), "_____________________w");
+        assert_eq!(kafka_uuid(*b"exactly-testkit-"), CLUSTER_ID);
+        assert_eq!(kafka_uuid([0xff; 16]), "_____________________w");
         let ids: std::collections::BTreeSet<String> = (0..64).map(|_| new_cluster_id()).collect();
         assert_eq!(ids.len(), 64, "every broker gets an id of its own");
         for id in &ids {

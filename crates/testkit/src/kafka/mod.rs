@@ -9,6 +9,9 @@
 //!   [`KafkaBroker::builder`]: a broker of the test's own, always started by
 //!   the kit whatever the environment says, which the test may stop,
 //!   restart, freeze or configure (`transaction.max.timeout.ms`, ...).
+//! - [`KafkaCluster`]: several brokers (three by default) from the same
+//!   jars, for tests of leader changes, elections and one broker down or
+//!   frozen while the others serve.
 //! - [`KafkaBrokerBuilder::sasl_ssl`]: such a broker with a `SASL_SSL`
 //!   listener too ([`KafkaBroker::secured`]): a certificate signed by a CA
 //!   made for the run, SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN for one user
@@ -17,23 +20,32 @@
 //! The jars come from [`KAFKA_LIBS_ENV`] or [`default_libs_dir`], put there
 //! by `.ci/install-services.sh`; `java` from `JAVA_HOME` or `PATH`.
 
+pub mod cluster;
 mod container;
 mod install;
 mod jvm;
 mod ready;
+mod wire;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+pub use cluster::{
+    Acks, ClusterBroker, FetchedRecord, KafkaCluster, KafkaClusterBuilder, LoneLeader, PartitionState, SharedCluster,
+    TopicState, UncleanElection,
+};
 pub use container::{CONTAINER_DATA_DIR, KAFKA_IMAGE};
 pub use install::{default_libs_dir, KAFKA_INSTALL, KAFKA_LIBS_ENV, KAFKA_VERSION};
+/// A Kafka error code, as [`KafkaRequestError::response_error`] gives it.
+pub use kafka_protocol::ResponseError;
+pub use wire::KafkaRequestError;
 
 use crate::container::{self as docker, DockerMode, Managed};
 use crate::error::{Result, TestkitError};
 use crate::handle::{Kind, ServiceHandle};
 use crate::process;
 use install::{Installation, SERVICE};
-use jvm::{BrokerSpec, JvmBroker, SecuredSpec, DEFAULT_HEAP};
+use jvm::{BrokerSpec, JvmBroker, Quorum, SecuredSpec, DEFAULT_HEAP};
 
 /// Environment variable that points the testkit at an existing Kafka
 /// (`HOST:PORT[,HOST:PORT...]`) instead of the shared broker.
@@ -324,6 +336,8 @@ impl KafkaBrokerBuilder {
             heap: self.heap.clone(),
             tied_to_process: self.tied_to_process,
             secured: secured.clone(),
+            node_id: 1,
+            quorum: Quorum::Alone,
         })?;
         let port = broker.port();
         let secured = secured.zip(broker.secured_port()).map(|(spec, port)| SecuredListener {

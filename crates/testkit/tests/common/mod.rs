@@ -2,7 +2,8 @@
 //! and hand-encoded Kafka requests (ApiVersions, CreateTopics, Metadata).
 
 // Each test crate uses a different subset.
-#![allow(dead_code)]
+// `pub` is how the test files that share these helpers reach them.
+#![allow(dead_code, unreachable_pub)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -5,12 +5,14 @@ use crate::records::{committed_records, BatchRecord, DecodedBatch};
 
 fn header(batch: &DecodedBatch) -> BatchHeader {
     BatchHeader {
+        magic: 2,
         base_offset: batch.base_offset,
         last_offset: batch.last_offset,
         producer_id: batch.producer_id,
         producer_epoch: batch.producer_epoch,
         transactional: batch.transactional,
         control: batch.control.is_some(),
+        leader_epoch: 0,
     }
 }
 
@@ -183,12 +185,14 @@ fn markers_are_decoded_only_for_control_batches_of_producers() {
 #[test]
 fn an_emptied_marker_leaves_the_aborted_state_as_it_was() {
     let batch = |base: i64, control: bool| BatchHeader {
+        magic: 2,
         base_offset: base,
         last_offset: base,
         producer_id: 5,
         producer_epoch: 0,
         transactional: true,
         control,
+        leader_epoch: 0,
     };
     let mut filter = AbortedFilter::new([(5, 0)]);
     let judge = |filter: &mut AbortedFilter, header: BatchHeader, marker: ControlMarker| {
@@ -209,4 +213,34 @@ fn an_emptied_marker_leaves_the_aborted_state_as_it_was() {
         judge(&mut filter, batch(4, false), ControlMarker::Abort),
         Verdict::Deliver
     );
+}
+
+#[test]
+fn messages_of_formats_v0_and_v1_are_plain_among_aborted_transactions() {
+    use crate::message_set::{plain, wrapper, Codec};
+    let entries = [
+        plain(0, 0, 0, "k", "v"),
+        plain(1, 1, 0, "k", "v"),
+        wrapper(
+            4,
+            1,
+            Codec::Gzip,
+            false,
+            0,
+            &[plain(0, 1, 0, "k", "v"), plain(2, 1, 0, "k", "v")].concat(),
+        ),
+    ];
+    // The list names producer 5 from offset 0 and producer -1 (none) too.
+    let mut filter = AbortedFilter::new([(5, 0), (-1, 0)]);
+    for entry in entries {
+        let header = BatchHeader::read(&entry).unwrap();
+        assert_eq!(
+            (header.producer_id, header.transactional, header.control),
+            (-1, false, false)
+        );
+        let verdict = filter.judge(&header, || -> Result<ControlMarker, ()> {
+            panic!("no marker in v0/v1")
+        });
+        assert_eq!(verdict, Ok(Verdict::Deliver));
+    }
 }

@@ -1,0 +1,292 @@
+//! A hot standby's takeover after SIGKILL of the active process, through
+//! the release `exactly` binary: Kafka → PostgreSQL at parallelism 2 on the
+//! PostgreSQL checkpoint store, with the default checkpoint settings.
+//!
+//! ```text
+//! cargo bench --bench standby      # EXACTLY_BENCH_STANDBY_ROUNDS=7 by default
+//! ```
+//!
+//! Each round: a topic fed 1,000 orders a second; the active `exactly run`
+//! commits; a second `exactly run --standby` waits (its `exactly_standby`
+//! gauge is 1); the active one is killed with SIGKILL at a point that moves
+//! through the checkpoint interval from round to round; the bench polls the
+//! standby's `/metrics` every 10 ms for the moment it holds the lock
+//! (`exactly_standby` 0) and for its first commit (`exactly_commits_total`
+//! 1), measured from the kill. The table must then hold each order at most
+//! once (the standby is stopped with SIGTERM before the feed ends, so some
+//! are not read yet).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use exactly_kafka::admin::{KafkaAdmin, ProduceRecord};
+use exactly_testkit::{KafkaBroker, PostgresServer};
+
+const PARTITIONS: i32 = 4;
+/// Orders produced per 50 ms: 1,000 a second.
+const PER_TICK: i64 = 50;
+
+fn main() -> Result<()> {
+    // `cargo test --all-targets` runs harness-less benches without `--bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("standby is a benchmark: run it with `cargo bench --bench standby`");
+        return Ok(());
+    }
+    let rounds: u32 = std::env::var("EXACTLY_BENCH_STANDBY_ROUNDS")
+        .ok()
+        .map(|v| v.parse().context("EXACTLY_BENCH_STANDBY_ROUNDS must be a number"))
+        .transpose()?
+        .unwrap_or(7);
+    let exactly = Path::new(env!("CARGO_BIN_EXE_exactly"));
+    if !exactly.to_string_lossy().contains("release") {
+        bail!("run it as `cargo bench --bench standby` (it measures the release build of exactly)");
+    }
+    eprintln!("[standby] starting Apache Kafka and PostgreSQL from the test kit");
+    let kafka = KafkaBroker::builder().heap("1g").start()?;
+    let postgres = PostgresServer::start_own()?;
+    let mut rows = Vec::new();
+    for round in 0..rounds {
+        // The kill moves through the 1 s checkpoint interval.
+        let offset = Duration::from_millis(u64::from(round) * 1000 / u64::from(rounds.max(1)));
+        let measured = takeover(exactly, kafka.bootstrap(), postgres.url(), round, offset)
+            .with_context(|| format!("round {round}"))?;
+        eprintln!(
+            "[standby] round {round}: lock taken {:.0} ms, first commit {:.0} ms after the kill",
+            ms(measured.0),
+            ms(measured.1)
+        );
+        rows.push((offset, measured));
+    }
+    report(&rows);
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One round: (kill → standby holds the lock, kill → its first commit).
+fn takeover(exactly: &Path, bootstrap: &str, url: &str, round: u32, offset: Duration) -> Result<(Duration, Duration)> {
+    let dir = tempfile::tempdir()?;
+    let topic = format!("standby-{round}");
+    let table = format!("standby_{round}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = feed(bootstrap, &topic, stop.clone())?;
+    let file = pipeline(dir.path(), round, bootstrap, &topic, url, &table)?;
+
+    let mut active = Worker::start(exactly, &file, dir.path(), "active")?;
+    active.wait_for("its first commit", |m| value(m, "exactly_commits_total") >= 1.0)?;
+    let mut standby = Worker::start(exactly, &file, dir.path(), "standby")?;
+    standby.wait_for("standby", |m| value(m, "exactly_standby") == 1.0)?;
+    std::thread::sleep(offset);
+
+    let killed = Instant::now();
+    active.kill();
+    let mut taken = None;
+    let first_commit = loop {
+        if !standby.is_running() {
+            bail!("the standby ended:\n{}", standby.log());
+        }
+        if killed.elapsed() > Duration::from_secs(120) {
+            bail!("no commit 120 s after the kill:\n{}", standby.log());
+        }
+        if let Some(metrics) = standby.metrics() {
+            if taken.is_none() && value(&metrics, "exactly_standby") == 0.0 {
+                taken = Some(killed.elapsed());
+            }
+            if value(&metrics, "exactly_commits_total") >= 1.0 {
+                break killed.elapsed();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let taken = taken.unwrap_or(first_commit);
+    standby.stop()?;
+    stop.store(true, Ordering::Relaxed);
+    feeder.join().map_err(|_| anyhow::anyhow!("the feed panicked"))??;
+    check_at_most_once(url, &table)?;
+    Ok((taken, first_commit))
+}
+
+/// Produces 1,000 orders a second into a new `topic` until `stop`.
+fn feed(bootstrap: &str, topic: &str, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<Result<()>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(KafkaAdmin::new(bootstrap).create_topic(topic, PARTITIONS))?;
+    let (bootstrap, topic) = (bootstrap.to_string(), topic.to_string());
+    Ok(std::thread::spawn(move || {
+        runtime.block_on(async {
+            let admin = KafkaAdmin::new(&bootstrap);
+            let mut id = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                let orders = (id..id + PER_TICK).map(|i| {
+                    ProduceRecord::new(format!(r#"{{"id":{i},"amount":{}.50}}"#, i % 300))
+                        .with_key(i.to_string())
+                        .to_partition((i % i64::from(PARTITIONS)) as i32)
+                });
+                admin.produce(&topic, orders).await?;
+                id += PER_TICK;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(())
+        })
+    }))
+}
+
+/// The pipeline file: defaults but for the PostgreSQL store and standby.
+fn pipeline(dir: &Path, round: u32, bootstrap: &str, topic: &str, url: &str, table: &str) -> Result<PathBuf> {
+    let sections = exactly::config::orders_sections(bootstrap, topic, url, table)
+        .replace("stop_at_end = true", "stop_at_end = false");
+    let file = dir.join("pipeline.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "name = \"standby-{round}\"\nparallelism = 2\n\n[checkpoint]\nstore = {{ postgres = \"{url}\" }}\n\
+             standby = true\n\n{sections}"
+        ),
+    )?;
+    Ok(file)
+}
+
+/// The value of `metric` in a scrape (summed over its series; 0 when absent).
+fn value(scrape: &str, metric: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+struct Worker {
+    child: Child,
+    log: PathBuf,
+    metrics: String,
+}
+
+impl Worker {
+    fn start(exactly: &Path, file: &Path, dir: &Path, tag: &str) -> Result<Worker> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log = dir.join(format!("{tag}.log"));
+        let child = Command::new(exactly)
+            .args([
+                "run",
+                &file.to_string_lossy(),
+                "--metrics-listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Worker {
+            child,
+            log,
+            metrics: format!("http://127.0.0.1:{port}/metrics"),
+        })
+    }
+
+    fn metrics(&self) -> Option<String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        agent.get(&self.metrics).call().ok()?.body_mut().read_to_string().ok()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn wait_for(&mut self, what: &str, done: impl Fn(&str) -> bool) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if !self.is_running() {
+                bail!("the run ended before {what}:\n{}", self.log());
+            }
+            if self.metrics().is_some_and(|m| done(&m)) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("no {what} within 120 s:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("the run that took over ended with {status}:\n{}", self.log());
+        }
+        Ok(())
+    }
+}
+
+/// Every (partition, offset) at most once in `table`, no prepared
+/// transaction left.
+fn check_at_most_once(url: &str, table: &str) -> Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            let row = client
+                .query_one(
+                    &format!(
+                        "SELECT count(*), count(DISTINCT (part, off)), (SELECT count(*) FROM pg_prepared_xacts) \
+                         FROM {table}"
+                    ),
+                    &[],
+                )
+                .await?;
+            let (rows, distinct, prepared): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            if rows != distinct || prepared != 0 {
+                bail!("{table}: {rows} rows, {distinct} distinct positions, {prepared} prepared transactions left");
+            }
+            anyhow::Ok(())
+        })
+}
+
+fn report(rows: &[(Duration, (Duration, Duration))]) {
+    println!();
+    println!("| round | kill after the active's first commit + | standby holds the lock | standby's first commit |");
+    println!("|---:|---:|---:|---:|");
+    for (i, (offset, (taken, commit))) in rows.iter().enumerate() {
+        println!(
+            "| {i} | {:.0} ms | {:.0} ms | {:.0} ms |",
+            ms(*offset),
+            ms(*taken),
+            ms(*commit)
+        );
+    }
+    let stats = |pick: fn(&(Duration, Duration)) -> Duration| {
+        let mut v: Vec<f64> = rows.iter().map(|(_, m)| ms(pick(m))).collect();
+        v.sort_by(f64::total_cmp);
+        let median = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
+        (median, v.last().copied().unwrap_or(0.0))
+    };
+    let (taken_median, taken_max) = stats(|m| m.0);
+    let (commit_median, commit_max) = stats(|m| m.1);
+    println!();
+    println!("standby holds the lock: median {taken_median:.0} ms, max {taken_max:.0} ms");
+    println!("standby's first commit: median {commit_median:.0} ms, max {commit_max:.0} ms (target: median < 5000 ms)");
+    println!(
+        "settings: checkpoint interval 1 s (default), standby poll {} ms, PostgreSQL store",
+        exactly::config::STANDBY_POLL.as_millis()
+    );
+}

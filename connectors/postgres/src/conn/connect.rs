@@ -1,0 +1,76 @@
+//! Opening the sink's connections: the connection string's settings, TLS,
+//! and an `application_name` that names the pipeline and this process.
+
+use std::sync::OnceLock;
+
+use exactly_core::ConnectorError;
+use tokio_postgres::Client;
+
+use crate::config::Settings;
+
+/// How long a write waits for a row or table lock before the checkpoint
+/// fails (instead of waiting forever behind a lock the sink itself must
+/// release later).
+pub(crate) const LOCK_TIMEOUT: &str = "60s";
+
+/// PostgreSQL keeps the first 63 bytes of `application_name`.
+const MAX_APPLICATION_NAME: usize = 63;
+
+/// Connects as `application_name` (see [`application_name`]) and drives
+/// the connection on its own task.
+pub(crate) async fn connect(settings: &Settings, application_name: &str) -> Result<Client, ConnectorError> {
+    let mut config = settings.pg.clone();
+    config.application_name(application_name);
+    let (client, connection) = super::tls::connect(&config, &settings.tls, &settings.url).await?;
+    let url = settings.url.clone();
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(%url, error = %e, "PostgreSQL connection ended with an error");
+        }
+    });
+    Ok(client)
+}
+
+/// `pid=<pid>.<6 hex digits>`: this process, told apart from another with
+/// the same pid (on another machine, or in another container).
+fn process_tag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // RandomState is seeded randomly per process.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(std::time::SystemTime::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos()));
+        format!("pid={}.{:06x}", std::process::id(), hasher.finish() & 0xff_ffff)
+    })
+}
+
+/// The `application_name` of the sink's connections:
+/// `exactly <pipeline> pid=<pid>.<tag>`, printable ASCII (other characters
+/// become `?`) and at most 63 bytes (the pipeline name is cut), so the server
+/// keeps it as it is and a lock holder is recognisable in `pg_stat_activity`.
+pub(crate) fn application_name(pipeline: &str) -> String {
+    let suffix = format!(" {}", process_tag());
+    let room = MAX_APPLICATION_NAME - "exactly ".len() - suffix.len();
+    let name: String = pipeline
+        .chars()
+        .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+        .take(room)
+        .collect();
+    format!("exactly {name}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_application_name_names_exactly_the_pipeline_and_this_process_within_63_ascii_bytes() {
+        let name = application_name("orders-to-pg");
+        assert!(name.starts_with("exactly orders-to-pg pid="), "{name}");
+        assert!(name.contains(&format!("pid={}.", std::process::id())), "{name}");
+        let long = application_name(&"ü".repeat(100));
+        assert!(long.len() <= MAX_APPLICATION_NAME, "{} bytes", long.len());
+        assert!(long.is_ascii() && long.starts_with("exactly ???"), "{long}");
+        assert!(long.ends_with(process_tag()), "the tag survives the cut: {long}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The pipeline's lock on the PostgreSQL store: a session-level advisory
+//! lock held on a connection of its own for as long as the run lasts. The
+//! server releases it when the session ends, however the process ended.
+//! While one process runs the pipeline, another is refused naming the
+//! holder's `application_name` (host and pid), backend and since when (or
+//! waits for it, as a standby). The holder asks its session every second
+//! whether it is still there: a session the server ended (or that stopped
+//! answering) may mean the lock is someone else's now, and the runtime
+//! stops acting at once.
+//!
+//! (Several workers of one pipeline — the next step — give this lock up for
+//! leases on each region; see `docs/design/several-processes.md`.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use exactly_core::store::{AccessError, StoreLock};
+use exactly_core::StoreError;
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+use crate::session::{Session, Target};
+
+/// The advisory-lock key of `pipeline`'s checkpoints: 64 bits of SHA-256.
+pub(crate) fn key(pipeline: &str) -> i64 {
+    let digest = Sha256::digest(format!("exactly-checkpoint-store:{pipeline}").as_bytes());
+    i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// Holds the lock: the session it was taken on (shared with its watcher),
+/// and the watcher's stop (dropped with the guard, which ends the watcher
+/// and so the session).
+struct Held {
+    #[allow(dead_code)]
+    client: Arc<Client>,
+    #[allow(dead_code)]
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// How often the lock's session is asked whether it still holds: a holder
+/// that lost it stops acting within about this (plus the query's time);
+/// a standby waits [`exactly_core::STANDBY_TAKEOVER_GRACE`] after taking
+/// the lock, well above it.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Watches the lock's session: a failed or unanswered `SELECT 1` (the
+/// server ended the session — `pg_terminate_backend`, a restart, a timeout
+/// — or the network is gone) means the lock may be held by someone else
+/// now, and is reported on `lost` for the runtime to stop acting.
+fn watch(
+    client: Arc<Client>,
+    answer_within: Duration,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    lost: tokio::sync::watch::Sender<Option<String>>,
+) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(WATCH_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = every.tick() => {}
+            }
+            let why = match tokio::time::timeout(answer_within, client.simple_query("SELECT 1")).await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(e)) => format!("the session holding the pipeline's lock failed: {e}"),
+                Err(_) => format!("the session holding the pipeline's lock did not answer within {answer_within:?}"),
+            };
+            let _ = lost.send(Some(why));
+            return;
+        }
+    });
+}
+
+/// Takes `pipeline`'s lock on a session named `name`: the one a refused
+/// call left in `spare` while it is open, else a new one. Refused, the
+/// session goes back to `spare` for the next try (a standby's).
+pub(crate) async fn take(
+    target: &Target,
+    pipeline: &str,
+    name: &str,
+    location: &str,
+    spare: &tokio::sync::Mutex<Option<Client>>,
+) -> Result<StoreLock, StoreError> {
+    let failed = |operation: &str, e: exactly_core::BoxError| {
+        StoreError::Access(AccessError::determinate(location, operation, e))
+    };
+    let mut spare = spare.lock().await;
+    let client = match spare.take() {
+        Some(client) if !client.is_closed() => client,
+        _ => Session::connect(target, name)
+            .await
+            .map_err(|e| failed("locking the pipeline (connecting)", e))?,
+    };
+    let key = key(pipeline);
+    let taken: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+        .await
+        .map_err(|e| failed("locking the pipeline", e.into()))?
+        .get(0);
+    if taken {
+        let client = Arc::new(client);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let (lost, on_loss) = tokio::sync::watch::channel(None);
+        watch(client.clone(), target.call_timeout, stopped, lost);
+        return Ok(StoreLock::losable(Held { client, stop }, on_loss));
+    }
+    let holder = holder(&client, key)
+        .await
+        .unwrap_or_else(|| "another session (it ended a moment ago, or cannot be seen by this user)".into());
+    *spare = Some(client);
+    Err(StoreError::Locked {
+        pipeline: pipeline.to_string(),
+        dir: location.to_string(),
+        holder,
+    })
+}
+
+/// Who holds the lock of `key`: its session's `application_name`, backend,
+/// client address and since when; `None` when nobody does (or the holder
+/// cannot be seen).
+pub(crate) async fn holder(client: &Client, key: i64) -> Option<String> {
+    client
+        .query_opt(
+            "SELECT a.application_name, a.pid, coalesce(host(a.client_addr), 'local socket'), a.backend_start::text
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 1",
+            &[&((key >> 32) as u32), &(key as u32)],
+        )
+        .await
+        .ok()
+        .flatten()
+        .map(|row| {
+            let (name, pid, from, since): (String, i32, String, String) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            format!("{name} (backend {pid} from {from}, since {since})")
+        })
+}
