@@ -1,6 +1,7 @@
-//! A hot standby's takeover after SIGKILL of the active process, through
-//! the release `exactly` binary: Kafka → PostgreSQL at parallelism 2 on the
-//! PostgreSQL checkpoint store, with the default checkpoint settings.
+//! A hot standby's takeover after SIGKILL of the active process, and after
+//! its SIGTERM (a clean hand-over), through the release `exactly` binary:
+//! Kafka → PostgreSQL at parallelism 2 on the PostgreSQL checkpoint store,
+//! with the default checkpoint settings.
 //!
 //! ```text
 //! cargo bench --bench standby      # EXACTLY_BENCH_STANDBY_ROUNDS=7 by default
@@ -12,9 +13,12 @@
 //! through the checkpoint interval from round to round; the bench polls the
 //! standby's `/metrics` every 10 ms for the moment it holds the lock
 //! (`exactly_standby` 0) and for its first commit (`exactly_commits_total`
-//! 1), measured from the kill. The table must then hold each order at most
-//! once (the standby is stopped with SIGTERM before the feed ends, so some
-//! are not read yet).
+//! 1), measured from the kill. Then the same rounds with SIGTERM in place
+//! of SIGKILL: the active process takes a last checkpoint, commits it,
+//! closes its sinks and records a clean release, and the standby recovers
+//! without the grace it waits after a kill. The table must then hold each
+//! order at most once (the standby is stopped with SIGTERM before the feed
+//! ends, so some are not read yet).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -48,32 +52,63 @@ fn main() -> Result<()> {
     eprintln!("[standby] starting Apache Kafka and PostgreSQL from the test kit");
     let kafka = KafkaBroker::builder().heap("1g").start()?;
     let postgres = PostgresServer::start_own()?;
-    let mut rows = Vec::new();
-    for round in 0..rounds {
-        // The kill moves through the 1 s checkpoint interval.
-        let offset = Duration::from_millis(u64::from(round) * 1000 / u64::from(rounds.max(1)));
-        let measured = takeover(exactly, kafka.bootstrap(), postgres.url(), round, offset)
-            .with_context(|| format!("round {round}"))?;
-        eprintln!(
-            "[standby] round {round}: lock taken {:.0} ms, first commit {:.0} ms after the kill",
-            ms(measured.0),
-            ms(measured.1)
-        );
-        rows.push((offset, measured));
+    for signal in [Signal::Kill, Signal::Term] {
+        let mut rows = Vec::new();
+        for round in 0..rounds {
+            // The signal moves through the 1 s checkpoint interval.
+            let offset = Duration::from_millis(u64::from(round) * 1000 / u64::from(rounds.max(1)));
+            let measured = takeover(exactly, kafka.bootstrap(), postgres.url(), (signal, round), offset)
+                .with_context(|| format!("{} round {round}", signal.name()))?;
+            eprintln!(
+                "[standby] {} round {round}: lock taken {:.0} ms, first commit {:.0} ms after the signal",
+                signal.name(),
+                ms(measured.0),
+                ms(measured.1)
+            );
+            rows.push((offset, measured));
+        }
+        report(signal, &rows);
     }
-    report(&rows);
     Ok(())
+}
+
+/// How the active process is stopped.
+#[derive(Clone, Copy)]
+enum Signal {
+    /// SIGKILL: the standby waits the grace after taking the lock.
+    Kill,
+    /// SIGTERM: a clean hand-over, no grace.
+    Term,
+}
+
+impl Signal {
+    fn name(self) -> &'static str {
+        match self {
+            Signal::Kill => "SIGKILL",
+            Signal::Term => "SIGTERM",
+        }
+    }
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// One round: (kill → standby holds the lock, kill → its first commit).
-fn takeover(exactly: &Path, bootstrap: &str, url: &str, round: u32, offset: Duration) -> Result<(Duration, Duration)> {
+/// One round: (signal → standby holds the lock, signal → its first commit).
+fn takeover(
+    exactly: &Path,
+    bootstrap: &str,
+    url: &str,
+    (signal, round): (Signal, u32),
+    offset: Duration,
+) -> Result<(Duration, Duration)> {
     let dir = tempfile::tempdir()?;
-    let topic = format!("standby-{round}");
-    let table = format!("standby_{round}");
+    let tag = match signal {
+        Signal::Kill => "kill",
+        Signal::Term => "term",
+    };
+    let topic = format!("standby-{tag}-{round}");
+    let table = format!("standby_{tag}_{round}");
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = feed(bootstrap, &topic, stop.clone())?;
     let file = pipeline(dir.path(), round, bootstrap, &topic, url, &table)?;
@@ -85,14 +120,20 @@ fn takeover(exactly: &Path, bootstrap: &str, url: &str, round: u32, offset: Dura
     std::thread::sleep(offset);
 
     let killed = Instant::now();
-    active.kill();
+    let stopping = match signal {
+        Signal::Kill => {
+            active.kill();
+            None
+        }
+        Signal::Term => Some(active.terminate()),
+    };
     let mut taken = None;
     let first_commit = loop {
         if !standby.is_running() {
             bail!("the standby ended:\n{}", standby.log());
         }
         if killed.elapsed() > Duration::from_secs(120) {
-            bail!("no commit 120 s after the kill:\n{}", standby.log());
+            bail!("no commit 120 s after the signal:\n{}", standby.log());
         }
         if let Some(metrics) = standby.metrics() {
             if taken.is_none() && value(&metrics, "exactly_standby") == 0.0 {
@@ -105,6 +146,12 @@ fn takeover(exactly: &Path, bootstrap: &str, url: &str, round: u32, offset: Dura
         std::thread::sleep(Duration::from_millis(10));
     };
     let taken = taken.unwrap_or(first_commit);
+    if let Some(active) = stopping {
+        active.wait_clean()?;
+        if !standby.log().contains("handed over cleanly") {
+            bail!("SIGTERM did not hand the pipeline over cleanly:\n{}", standby.log());
+        }
+    }
     standby.stop()?;
     stop.store(true, Ordering::Relaxed);
     feeder.join().map_err(|_| anyhow::anyhow!("the feed panicked"))??;
@@ -225,12 +272,22 @@ impl Worker {
         let _ = self.child.wait();
     }
 
-    fn stop(mut self) -> Result<()> {
+    /// Sends SIGTERM without waiting (see [`wait_clean`](Self::wait_clean)).
+    fn terminate(self) -> Worker {
         // SAFETY: kill has no memory-safety preconditions.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self
+    }
+
+    fn stop(self) -> Result<()> {
+        self.terminate().wait_clean()
+    }
+
+    /// Waits for the exit, which must be a clean one.
+    fn wait_clean(mut self) -> Result<()> {
         let status = self.child.wait()?;
         if !status.success() {
-            bail!("the run that took over ended with {status}:\n{}", self.log());
+            bail!("the run ended with {status}:\n{}", self.log());
         }
         Ok(())
     }
@@ -262,9 +319,11 @@ fn check_at_most_once(url: &str, table: &str) -> Result<()> {
         })
 }
 
-fn report(rows: &[(Duration, (Duration, Duration))]) {
+fn report(signal: Signal, rows: &[(Duration, (Duration, Duration))]) {
     println!();
-    println!("| round | kill after the active's first commit + | standby holds the lock | standby's first commit |");
+    println!("active process stopped with {}:", signal.name());
+    println!();
+    println!("| round | signal after the active's first commit + | standby holds the lock | standby's first commit |");
     println!("|---:|---:|---:|---:|");
     for (i, (offset, (taken, commit))) in rows.iter().enumerate() {
         println!(

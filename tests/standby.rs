@@ -5,7 +5,8 @@
 //! from the store's checkpoints and goes on; every order lands exactly
 //! once, no prepared transaction is left, and the standby's SIGTERM ends
 //! it cleanly. Then the same with the roles swapped back: a new standby
-//! waits for the one that took over. And when the server ends the active
+//! waits for the one that took over, and takes over at once when that one
+//! is stopped with SIGTERM (a clean hand-over needs no grace). And when the server ends the active
 //! process's lock session, that process stops acting at once and the
 //! standby takes over.
 
@@ -159,8 +160,8 @@ impl Pair {
 }
 
 /// Waits until every order is committed while `worker` runs, then stops it
-/// with SIGTERM, which must end it cleanly.
-fn run_to_all_orders_and_stop(url: &str, table: &str, mut worker: Worker) {
+/// with SIGTERM, which must end it cleanly; its log.
+fn run_to_all_orders_and_stop(url: &str, table: &str, mut worker: Worker) -> String {
     let deadline = Instant::now() + Duration::from_secs(240);
     while committed_orders(url, table) < ORDERS {
         assert!(
@@ -172,6 +173,7 @@ fn run_to_all_orders_and_stop(url: &str, table: &str, mut worker: Worker) {
     }
     let (ok, log) = worker.stop(Duration::from_secs(60));
     assert!(ok, "the run that took over did not stop cleanly:\n{log}");
+    log
 }
 
 /// The backends of process `pid`'s lock tries (their `application_name`
@@ -240,16 +242,41 @@ fn a_standby_takes_over_after_sigkill_of_the_active_process_exactly_once() {
     first.kill();
     second.wait_for_log("the pipeline's lock is free: taking over", Duration::from_secs(120));
     wait_for_more_rows(url, &table, before, &mut second, Duration::from_secs(120));
-    assert_eq!(Scrape::take(&second.base).value("exactly_standby"), 0.0);
+    let scrape = Scrape::take(&second.base);
+    assert_eq!(scrape.value("exactly_standby"), 0.0);
+    assert_eq!(scrape.value("exactly_takeovers_total"), 1.0);
+    assert_eq!(
+        scrape.value("exactly_clean_takeovers_total"),
+        0.0,
+        "the holder was killed"
+    );
 
     // A new standby waits for the one that took over.
     let mut third = Worker::start(&file, dir.path(), "third");
     third.wait_for_log("standby: another process runs the pipeline", Duration::from_secs(120));
 
     feed.finish();
-    run_to_all_orders_and_stop(url, &table, second);
-    // The third takes over in turn, finds everything committed, and stops.
-    third.wait_for_log("the pipeline's lock is free: taking over", Duration::from_secs(120));
+    let log = run_to_all_orders_and_stop(url, &table, second);
+    // SIGTERM: the last checkpoint committed, the sinks closed (their
+    // subtask locks let go), the clean release recorded — so the third
+    // takes over at once, without the wait it makes after a kill, and its
+    // sinks are not refused by the second's sessions.
+    assert!(
+        log.contains("stopped cleanly: the pipeline's lock is handed over"),
+        "{log}"
+    );
+    third.wait_for_log(
+        "the pipeline was handed over cleanly: taking over at once",
+        Duration::from_secs(120),
+    );
+    assert!(
+        !third.log().contains("the pipeline's lock is free: taking over"),
+        "{}",
+        third.log()
+    );
+    let scrape = Scrape::take(&third.base);
+    assert_eq!(scrape.value("exactly_clean_takeovers_total"), 1.0);
+    assert_eq!(scrape.value("exactly_takeovers_total"), 1.0);
     let (ok, log) = third.stop(Duration::from_secs(60));
     assert!(ok, "the last standby did not stop cleanly:\n{log}");
     assert_orders_exactly_once(url, &table, &name, ORDERS, "after a standby took over");

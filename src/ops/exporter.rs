@@ -55,6 +55,9 @@ pub const METRIC_NAMES: &[(&str, &str, &str, &str)] = &[
     ("exactly_pending_transactions", "gauge", "subtask, region", "transactions sink subtask `subtask` pre-committed (prepared) that wait for their checkpoint"),
     ("exactly_ready", "gauge", "", "1 when /health/ready answers 200"),
     ("exactly_standby", "gauge", "", "1 while the process waits as a hot standby for the pipeline's lock (`--standby`)"),
+    ("exactly_takeovers_total", "counter", "", "times this process took the pipeline over as a hot standby"),
+    ("exactly_clean_takeovers_total", "counter", "", "of those, after a clean hand-over (the holder stopped with its last commits and closed its sinks: no grace waited)"),
+    ("exactly_fenced_writes_total", "counter", "", "checkpoint writes refused for their epoch (a newer owner took the region; the attempt dropped it without committing)"),
     ("exactly_consumer_lag_records", "gauge", "topic, partition", "end offset minus the latest checkpoint's position (Kafka source)"),
     ("exactly_kafka_sink_lost_transactions_total", "counter", "", "pre-committed Kafka transactions the broker refused to commit (Kafka sink, on_lost_transaction = \"warn\")"),
     ("exactly_kafka_source_transient_errors_total", "counter", "", "client errors the Kafka source rode out"),
@@ -226,7 +229,7 @@ pub fn registry(observed: &Observed) -> Registry {
         pending,
     );
 
-    let counters: [(&str, &str, u64); 10] = [
+    let counters: [(&str, &str, u64); 13] = [
         (
             "dead_letters",
             "Records sent to the sink's dead-letter destination",
@@ -269,6 +272,21 @@ pub fn registry(observed: &Observed) -> Registry {
             s.store_cleanup_failures,
         ),
         ("commits", "Transactions committed", s.commits),
+        (
+            "takeovers",
+            "Times this process took the pipeline over as a hot standby",
+            s.takeovers,
+        ),
+        (
+            "clean_takeovers",
+            "Takeovers after a clean hand-over (no grace waited)",
+            s.clean_takeovers,
+        ),
+        (
+            "fenced_writes",
+            "Checkpoint writes refused for their epoch (a newer owner took the region)",
+            s.fenced_writes,
+        ),
     ];
     for (name, help, value) in counters {
         registry.register(name, help, counter(value));

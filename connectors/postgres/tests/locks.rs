@@ -2,7 +2,8 @@
 //! against a real PostgreSQL: another process holding one is refused before
 //! anything is touched, in every mode; a sink of this process that was just
 //! dropped is waited for; a lost session of this process is ended; the same
-//! subtask twice in one process is refused.
+//! subtask twice in one process is refused; a closed sink lets its locks go
+//! at once.
 
 mod common;
 
@@ -194,4 +195,40 @@ async fn the_same_subtask_twice_in_one_process_is_refused() {
         message.contains("another sink of this process") && message.contains("runs twice in one process"),
         "{message}"
     );
+}
+
+/// A sink closed after its subtask stopped cleanly lets its locks go at the
+/// server while its session is still there, so a process taking the
+/// pipeline over (on this machine too, where a live holder is refused at
+/// once) takes them without waiting for that session to end.
+#[tokio::test]
+async fn a_closed_sink_lets_its_subtask_locks_go_while_its_session_lives() {
+    let f = Fixture::new("closed", ID_NAME).await;
+    let (mut first, _) = f.recovered(0, &[]).await;
+    let key = held_keys(&f.db, &f.pipeline).await;
+    assert_eq!(key.len(), 1, "subtask 0's lock");
+    let sessions = || async {
+        column::<String>(
+            &f.db,
+            &format!(
+                "SELECT application_name FROM pg_stat_activity WHERE starts_with(application_name, 'exactly {} pid=')",
+                f.pipeline
+            ),
+        )
+        .await
+        .len()
+    };
+    let open = sessions().await;
+    first.close().await.expect("closed");
+    assert_eq!(
+        held_keys(&f.db, &f.pipeline).await,
+        Vec::<i64>::new(),
+        "no lock held once close returned"
+    );
+    assert_eq!(sessions().await, open, "the sessions are still there");
+    // Taken over at once by another sink of the subtask.
+    let (mut second, _) = new_sink(&f.config, &f.pipeline, 0);
+    second.recover(&[]).await.expect("the lock is free");
+    assert_eq!(held_keys(&f.db, &f.pipeline).await, key);
+    drop(first);
 }

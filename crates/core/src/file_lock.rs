@@ -36,6 +36,36 @@ pub enum FileLockError {
 /// waiting, and writes this process's description ([`holder`]) into it,
 /// synced. The lock lasts as long as the returned file is open.
 pub fn lock_naming_holder(path: &Path) -> Result<File, FileLockError> {
+    lock_after(path).map(|(file, _)| file)
+}
+
+/// What [`mark_released_cleanly`] writes first into a lock file.
+const RELEASED_CLEANLY: &str = "released cleanly by ";
+
+/// As [`lock_naming_holder`], also telling whether the previous holder
+/// marked its release clean ([`mark_released_cleanly`]) before it let go.
+pub fn lock_after_holder(path: &Path) -> Result<(File, bool), FileLockError> {
+    lock_after(path).map(|(file, previous)| (file, previous.starts_with(RELEASED_CLEANLY)))
+}
+
+/// Writes into the held lock `file` that its holder is letting go cleanly
+/// (in place of its name, synced), for the next holder's
+/// [`lock_after_holder`]. A holder that dies leaves its name instead.
+pub fn mark_released_cleanly(mut file: &File) -> std::io::Result<()> {
+    let at = humantime::format_rfc3339_seconds(SystemTime::now());
+    let mark = format!(
+        "{RELEASED_CLEANLY}process {} on host {} at {at}",
+        std::process::id(),
+        host_name()
+    );
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(mark.as_bytes())?;
+    file.sync_all()
+}
+
+/// Takes the lock, returning the file and what it held before.
+fn lock_after(path: &Path) -> Result<(File, String), FileLockError> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -56,12 +86,15 @@ pub fn lock_naming_holder(path: &Path) -> Result<File, FileLockError> {
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(FileLockError::Io(e)),
     }
+    let mut previous = String::new();
+    // A file that is not text was written by nothing of ours: no mark.
+    let _ = file.read_to_string(&mut previous);
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(holder().as_bytes()))
         .and_then(|()| file.sync_all())
         .map_err(FileLockError::Io)?;
-    Ok(file)
+    Ok((file, previous))
 }
 
 /// This process as a lock holder names itself: `process <pid> on host
@@ -98,6 +131,26 @@ mod tests {
         }
         drop(first);
         lock_naming_holder(&path).expect("free again once the holder let go");
+    }
+
+    #[test]
+    fn only_a_release_marked_clean_reads_as_clean_to_the_next_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let (first, clean) = lock_after_holder(&path).expect("the first lock");
+        assert!(!clean, "nobody held it before");
+        mark_released_cleanly(&first).unwrap();
+        match lock_naming_holder(&path) {
+            Err(FileLockError::Held { holder }) => assert!(holder.starts_with(RELEASED_CLEANLY), "{holder}"),
+            other => panic!("still held until the file closes: {other:?}"),
+        }
+        drop(first);
+        let (second, clean) = lock_after_holder(&path).unwrap();
+        assert!(clean, "the previous holder marked its release");
+        // This holder dies without marking: its name stays in the file.
+        drop(second);
+        let (_third, clean) = lock_after_holder(&path).unwrap();
+        assert!(!clean, "a holder that did not mark its release did not release cleanly");
     }
 
     #[test]

@@ -82,6 +82,11 @@ pub trait IdempotentSink: Send + 'static {
     async fn flush(&mut self) -> Result<(), ConnectorError> {
         Ok(())
     }
+    /// Releases what the sink holds when its subtask stops cleanly; see
+    /// [`TwoPhaseCommitSink::close`]. Default: holds nothing.
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
 }
 
 /// Which checkpoint interval a [`IdempotentSink::write_interval`] call
@@ -113,6 +118,11 @@ pub trait FencedSink: Send + 'static {
 
     /// Makes everything written so far durable. Default: durable on return.
     async fn flush(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+    /// Releases what the sink holds when its subtask stops cleanly; see
+    /// [`TwoPhaseCommitSink::close`]. Default: holds nothing.
+    async fn close(&mut self) -> Result<(), ConnectorError> {
         Ok(())
     }
 }
@@ -204,6 +214,9 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for ReplaySafeSink<S> {
     /// a replay changes nothing.
     async fn check_replay_after(&mut self, _checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         Ok(ReplayCheck::Safe)
+    }
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.sink.close().await
     }
 }
 
@@ -545,6 +558,9 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
     async fn check_replay_after(&mut self, _checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         Ok(ReplayCheck::Safe)
     }
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.sink.close().await
+    }
 }
 
 // ---------------------------------------------------------------- fenced
@@ -579,6 +595,9 @@ impl<S: FencedSink> IdempotentSink for ScopedFence<S> {
     }
     async fn flush(&mut self) -> Result<(), ConnectorError> {
         self.sink.flush().await
+    }
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.sink.close().await
     }
 }
 

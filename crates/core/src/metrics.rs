@@ -244,6 +244,9 @@ pub struct Metrics {
     transform_dead_letters: AtomicU64,
     slow_persists: AtomicU64,
     store_cleanup_failures: AtomicU64,
+    fenced_writes: AtomicU64,
+    takeovers: AtomicU64,
+    clean_takeovers: AtomicU64,
     subtasks: RwLock<Vec<Arc<SubtaskCounters>>>,
     regions: RwLock<BTreeMap<usize, Arc<CheckpointStats>>>,
     /// Waiting as a hot standby for the pipeline's lock.
@@ -295,6 +298,13 @@ pub struct MetricsSnapshot {
     /// Removals of old checkpoint entries that failed (best effort: logged,
     /// counted, never a checkpoint failure).
     pub store_cleanup_failures: u64,
+    /// Checkpoint writes refused for their epoch: a newer owner took the
+    /// region, and the attempt dropped it without committing.
+    pub fenced_writes: u64,
+    /// Times this process took the pipeline over as a hot standby.
+    pub takeovers: u64,
+    /// Of those, the ones after a clean hand-over (no grace waited).
+    pub clean_takeovers: u64,
     /// Transactions pre-committed and not committed yet, all sink subtasks.
     pub pending_transactions: u64,
 }
@@ -436,6 +446,15 @@ impl Metrics {
     pub(crate) fn store_cleanup_failed(&self) {
         self.store_cleanup_failures.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn fenced_write(&self) {
+        self.fenced_writes.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn took_over(&self, clean: bool) {
+        self.takeovers.fetch_add(1, Ordering::Relaxed);
+        if clean {
+            self.clean_takeovers.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 
     /// `region` (`None`: the whole pipeline) restarts after a failure: it
     /// is not ready until a checkpoint completes again, and its sinks' old
@@ -491,6 +510,9 @@ impl Metrics {
             records_filtered: self.records_filtered.load(Ordering::Relaxed),
             transform_dead_letters: self.transform_dead_letters.load(Ordering::Relaxed),
             slow_persists: self.slow_persists.load(Ordering::Relaxed),
+            fenced_writes: self.fenced_writes.load(Ordering::Relaxed),
+            takeovers: self.takeovers.load(Ordering::Relaxed),
+            clean_takeovers: self.clean_takeovers.load(Ordering::Relaxed),
             store_cleanup_failures: self.store_cleanup_failures.load(Ordering::Relaxed),
             pending_transactions: self.subtasks().iter().map(|s| s.pending_transactions).sum(),
         }

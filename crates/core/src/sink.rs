@@ -164,6 +164,22 @@ pub trait TwoPhaseCommitSink: Send + 'static {
         Ok(())
     }
 
+    /// Called once when the subtask stops cleanly: after the final
+    /// checkpoint's transactions were committed, with nothing open or
+    /// pending. Contract: when it returns `Ok`, this sink holds nothing that
+    /// another process taking the pipeline over would wait for or be
+    /// refused by — locks, leases, sessions that hold them — so the
+    /// runtime may tell the next holder to start at once. Nothing is called
+    /// on the sink afterwards. An error only costs the next holder the
+    /// wait it makes after a holder that did not stop cleanly.
+    ///
+    /// Not called after a failure or a crash: whatever the sink holds is
+    /// then released as the process or its sessions end. The default holds
+    /// nothing.
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
     /// Whether replaying every record after `checkpoint` would duplicate
     /// something this subtask (and the old subtasks it adopts) committed:
     /// asked before `recover` when the runtime would restore `checkpoint`
@@ -305,6 +321,10 @@ pub trait ErasedSink: Send + 'static {
     async fn abort(&mut self) -> Result<(), ConnectorError>;
     /// See [`TwoPhaseCommitSink::check_replay_after`].
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError>;
+    /// See [`TwoPhaseCommitSink::close`]. The default holds nothing.
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
 }
 
 /// Wraps a [`TwoPhaseCommitSink`] into the form the runtime drives.
@@ -371,5 +391,9 @@ impl<S: TwoPhaseCommitSink> ErasedSink for Erased<S> {
 
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         self.sink.check_replay_after(checkpoint).await
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.sink.close().await
     }
 }

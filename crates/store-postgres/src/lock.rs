@@ -8,6 +8,13 @@
 //! answering) may mean the lock is someone else's now, and the runtime
 //! stops acting at once.
 //!
+//! A holder that stops cleanly (after its last commits, with its sinks
+//! closed) records it in `exactly_releases` through the lock's session and
+//! lets the lock go; the next holder reads and deletes that row in the
+//! session that took the lock, and starts at once instead of waiting for
+//! a holder that may still be acting (see
+//! [`StoreLock::release_cleanly`](exactly_core::store::StoreLock::release_cleanly)).
+//!
 //! (Several workers of one pipeline — the next step — give this lock up for
 //! leases on each region; see `docs/design/several-processes.md`.)
 
@@ -99,11 +106,30 @@ pub(crate) async fn take(
         .map_err(|e| failed("locking the pipeline", e.into()))?
         .get(0);
     if taken {
+        // Read and cleared under the lock: a row is the clean release of
+        // the holder just before this one. On an error the session (and
+        // the lock) ends with `client`.
+        let previous_clean = !client
+            .query(
+                "DELETE FROM exactly_releases WHERE pipeline = $1 RETURNING holder",
+                &[&pipeline],
+            )
+            .await
+            .map_err(|e| failed("reading how the previous holder released the pipeline", e.into()))?
+            .is_empty();
         let client = Arc::new(client);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let (lost, on_loss) = tokio::sync::watch::channel(None);
         watch(client.clone(), target.call_timeout, stopped, lost);
-        return Ok(StoreLock::losable(Held { client, stop }, on_loss));
+        let release = Release {
+            client: client.clone(),
+            pipeline: pipeline.to_string(),
+            holder: name.to_string(),
+            key,
+            location: location.to_string(),
+            answer_within: target.call_timeout,
+        };
+        return Ok(StoreLock::losable(Held { client, stop }, on_loss).handing_over(release, previous_clean));
     }
     let holder = holder(&client, key)
         .await
@@ -114,6 +140,43 @@ pub(crate) async fn take(
         dir: location.to_string(),
         holder,
     })
+}
+
+/// Records a clean release through the lock's own session, then lets the
+/// lock go at once (rather than when the session ends).
+struct Release {
+    client: Arc<Client>,
+    pipeline: String,
+    holder: String,
+    key: i64,
+    location: String,
+    answer_within: Duration,
+}
+
+#[async_trait::async_trait]
+impl exactly_core::store::HandOver for Release {
+    async fn record_clean_release(&self) -> Result<(), AccessError> {
+        let operation = "recording the clean release of the pipeline's lock";
+        let record = async {
+            self.client
+                .execute(
+                    "INSERT INTO exactly_releases (pipeline, holder) VALUES ($1, $2) \
+                     ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, released_at = clock_timestamp()",
+                    &[&self.pipeline, &self.holder],
+                )
+                .await?;
+            self.client.execute("SELECT pg_advisory_unlock($1)", &[&self.key]).await
+        };
+        match tokio::time::timeout(self.answer_within, record).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(AccessError::indeterminate(&self.location, operation, e)),
+            Err(_) => Err(AccessError::indeterminate(
+                &self.location,
+                operation,
+                format!("no answer within {:?}", self.answer_within),
+            )),
+        }
+    }
 }
 
 /// Who holds the lock of `key`: its session's `application_name`, backend,

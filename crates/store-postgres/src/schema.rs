@@ -9,6 +9,8 @@
 //! exactly_checkpoints one row per entry: name, checkpoint id, writer's epoch, the envelope's
 //!                     bytes (as in a folder entry), set aside or not, when it was written
 //! exactly_epochs      every epoch taken, with when: for audits
+//! exactly_releases    a pipeline whose last lock holder released it cleanly (read and
+//!                     cleared by the next holder)
 //! ```
 
 use exactly_core::Scope;
@@ -54,6 +56,11 @@ pub(crate) async fn create(client: &Client) -> Result<(), tokio_postgres::Error>
                  owner text,
                  taken_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                  PRIMARY KEY (pipeline, scope, epoch)
+             );
+             CREATE TABLE IF NOT EXISTS exactly_releases (
+                 pipeline text PRIMARY KEY,
+                 holder text NOT NULL,
+                 released_at timestamptz NOT NULL DEFAULT clock_timestamp()
              );
              CREATE TABLE IF NOT EXISTS exactly_workers (
                  pipeline text NOT NULL,

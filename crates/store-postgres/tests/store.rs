@@ -323,3 +323,37 @@ async fn one_process_holds_the_lock_and_the_refusal_names_it() {
         }
     }
 }
+
+/// A holder that releases cleanly tells the next one (which then needs no
+/// grace); one that just goes away, or that never existed, does not. The
+/// record is read once: the holder after the next one starts from a
+/// release that was not clean again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_release_is_told_to_the_next_holder_once_and_a_dropped_lock_is_not() {
+    let pg = PostgresServer::start().expect("PostgreSQL");
+    let pipeline = unique("handover");
+    let store = PgCheckpointStore::new(pg.url(), &pipeline, 3).unwrap();
+    let lock_when_free = || async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match store.lock().await {
+                Ok(lock) => return lock,
+                // A dropped lock's session ends a moment after its client.
+                Err(_) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(error) => panic!("still locked: {error}"),
+            }
+        }
+    };
+    let first = lock_when_free().await;
+    assert!(!first.previous_released_cleanly(), "nobody held it before");
+    first.release_cleanly().await.expect("recorded");
+    // Let go at once by the release itself, not when the session ends.
+    let second = store.lock().await.expect("free as soon as the release returned");
+    assert!(second.previous_released_cleanly());
+    drop(second);
+    let third = lock_when_free().await;
+    assert!(
+        !third.previous_released_cleanly(),
+        "the holder before it dropped the lock without a clean release"
+    );
+}

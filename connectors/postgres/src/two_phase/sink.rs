@@ -848,4 +848,13 @@ impl TwoPhaseCommitSink for PostgresSink {
         self.held.clear();
         self.writer.rollback(txn.generation, &txn.gid).await
     }
+    /// Lets the subtask locks go at the server (`pg_advisory_unlock_all`
+    /// on the write connection) and ends that connection: a process taking
+    /// the pipeline over takes them at once, instead of waiting for this
+    /// session to end or being refused by it.
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.open = None;
+        self.held.clear();
+        self.writer.close().await
+    }
 }

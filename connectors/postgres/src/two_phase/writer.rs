@@ -180,6 +180,23 @@ impl Writer {
         Err(self.subtask.lost_connection(action))
     }
 
+    /// Releases the subtask locks at the server (see
+    /// [`TwoPhaseCommitSink::close`](exactly_core::TwoPhaseCommitSink::close));
+    /// the session itself ends when the sink drops. A connection already
+    /// lost is an error: its session may hold the locks until the server
+    /// notices.
+    pub(super) async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.discard_open().await;
+        let released = match &self.client {
+            None => Ok(()),
+            Some(client) if client.is_closed() => Err(self.subtask.lost_connection("releasing the subtask locks")),
+            Some(client) => (client.batch_execute("SELECT pg_advisory_unlock_all()").await)
+                .map_err(|e| self.subtask.pg_error("releasing the subtask locks", e)),
+        };
+        self.locks.clear();
+        released
+    }
+
     /// Rolls back a transaction left open (the runtime aborts failed
     /// transactions, so this is only a safety net).
     pub(super) async fn discard_open(&mut self) {

@@ -14,11 +14,15 @@
 //! Stores of their own kind take their own lock instead (the PostgreSQL
 //! sink's advisory lock, Kafka's producer fencing).
 //!
-//! The lock is held until the process exits: every subtask of every attempt
-//! of the pipeline in this process shares it (a process-wide table, so an
-//! in-process restart never leaves a gap in which another process could
-//! take it). The kernel releases it however the process ends, SIGKILL
-//! included, so a process that died leaves no stale lock.
+//! The lock is held until the process exits, or until the pipeline's run
+//! ends cleanly: every subtask of every attempt of the pipeline in this
+//! process shares it (a process-wide table, so an in-process restart never
+//! leaves a gap in which another process could take it). The kernel
+//! releases it however the process ends, SIGKILL included, so a process
+//! that died leaves no stale lock. A run that stopped cleanly (every region
+//! after its final commits, every sink closed) lets its pipeline's locks go
+//! before it hands the pipeline over, so a standby on the same machine is
+//! not refused by a process that is only exiting.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -31,7 +35,7 @@ use crate::file_lock::{self, FileLockError};
 
 /// Locks held by this process: lock file → the locked file (whatever
 /// pipeline of this process took it first: one process, one holder).
-static HELD: Mutex<Option<HashMap<PathBuf, File>>> = Mutex::new(None);
+static HELD: Mutex<Option<HashMap<PathBuf, (String, File)>>> = Mutex::new(None);
 
 /// Makes sure this process holds the lock file `lock` for `pipeline`,
 /// taking it on first use; every later call of this process returns at
@@ -57,7 +61,7 @@ pub fn hold_instance_lock(
     let key = folder.join(lock.file_name().unwrap_or_default());
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     let held = held.get_or_insert_with(HashMap::new);
-    if let Some(file) = held.get(&key) {
+    if let Some((_, file)) = held.get(&key) {
         // Still the file there (not one of a folder deleted and created
         // again under the same name)?
         if same_file(file, lock) {
@@ -67,8 +71,24 @@ pub fn hold_instance_lock(
     }
     let file = acquire(lock, pipeline, store, independent_copy)?;
     tracing::info!(pipeline, lock = %lock.display(), "holding the store's lock of the pipeline");
-    held.insert(key, file);
+    held.insert(key, (pipeline.to_string(), file));
     Ok(())
+}
+
+/// Lets go of the locks [`hold_instance_lock`] took for `pipeline` in this
+/// process. The runtime calls it when a run of `pipeline` stopped cleanly,
+/// when none of its sinks acts any more.
+pub(crate) fn release_instance_locks(pipeline: &str) {
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(held) = held.as_mut() {
+        held.retain(|lock, (of, _)| {
+            let keep = of != pipeline;
+            if !keep {
+                tracing::debug!(pipeline, lock = %lock.display(), "letting the store's lock of the pipeline go");
+            }
+            keep
+        });
+    }
 }
 
 fn same_file(file: &File, path: &Path) -> bool {
@@ -147,5 +167,17 @@ mod tests {
         assert!(err.to_string().contains("already writes into out.db"), "{err}");
         let other = dir.path().join("other.lock");
         hold_instance_lock(&other, "q", "other", "x").expect("another lock file is another lock");
+    }
+
+    #[test]
+    fn a_clean_end_lets_go_of_its_pipelines_locks_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mine, theirs) = (dir.path().join("mine.lock"), dir.path().join("theirs.lock"));
+        hold_instance_lock(&mine, "released-p", "mine", "x").unwrap();
+        hold_instance_lock(&theirs, "kept-q", "theirs", "x").unwrap();
+        release_instance_locks("released-p");
+        drop(acquire(&mine, "released-p", "mine", "x").expect("let go"));
+        let err = acquire(&theirs, "kept-q", "theirs", "x").unwrap_err();
+        assert!(err.to_string().contains("already writes into theirs"), "{err}");
     }
 }

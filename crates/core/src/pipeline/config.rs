@@ -72,7 +72,8 @@ impl std::str::FromStr for Guarantee {
 /// How long a standby that took the pipeline's lock waits before it
 /// recovers: a holder whose lock session the server ended (rather than its
 /// own exit) notices within a second, stops acting and closes its sinks'
-/// sessions in that time.
+/// sessions in that time. Not waited after a holder that handed the
+/// pipeline over cleanly (see [`StoreLock::release_cleanly`](crate::store::StoreLock::release_cleanly)).
 pub const STANDBY_TAKEOVER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Settings of a pipeline.

@@ -142,12 +142,17 @@ impl<E: Effects> Driver<E> {
 
     /// Coordinates until the final checkpoint is committed (`Ok` with the
     /// last completed checkpoint) or the attempt fails. Either way the
-    /// subtasks are stopped before it returns.
+    /// subtasks are stopped before it returns; after the final checkpoint
+    /// their sinks are closed first.
     pub(super) async fn run(
         mut self,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Option<CheckpointId>, AttemptFailure> {
         let result = self.coordinate(stop).await;
+        if result.is_ok() {
+            // The final checkpoint is committed: nothing is pending.
+            self.effects.close_sinks().await;
+        }
         self.effects.stop_subtasks();
         if result.is_ok() {
             self.effects.settle().await;
@@ -268,6 +273,7 @@ impl<E: Effects> Driver<E> {
                         return Err(self.store_failure(e));
                     }
                     PersistOutcome::Fenced(e) => {
+                        self.metrics.fenced_write();
                         warn!(%checkpoint, error = %e, "the checkpoint write was refused for its epoch: the region was taken; dropping it without committing");
                         return Err(self.store_failure(e));
                     }

@@ -1,7 +1,7 @@
 //! The driver's effects on the world, behind a seam: reserve checkpoint ids,
 //! persist a checkpoint, record committed checkpoints, send barriers, tell
-//! sinks and sources that a checkpoint completed, stop the sources, stop
-//! every subtask. [`RegionEffects`] does them for real (the region's
+//! sinks and sources that a checkpoint completed, stop the sources, close
+//! the sinks after the final checkpoint, stop every subtask. [`RegionEffects`] does them for real (the region's
 //! checkpoint store and its subtasks' channels); the driver's tests record
 //! them and decide the store's answers, on paused time (in the manner of
 //! RisingWave's `GlobalBarrierWorkerContext`).
@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use super::messages::{PersistOutcome, Report, SourceCommand};
+use super::messages::{PersistOutcome, Report, SinkCommand, SourceCommand};
 use super::region::Region;
 use crate::coordinator::CheckpointData;
 use crate::error::StoreError;
@@ -58,6 +58,15 @@ pub(super) trait Effects: Send {
     /// Asks every source subtask to stop reading (barriers still flow).
     fn stop_sources(&mut self);
 
+    /// Closes every sink subtask's sink (see
+    /// [`TwoPhaseCommitSink::close`](crate::TwoPhaseCommitSink::close))
+    /// and waits until each has answered, for at most [`CLOSE_TIMEOUT`].
+    /// Called only once the final checkpoint is committed, never after a
+    /// failure. A sink that does not close in time or fails to is noted:
+    /// the pipeline then does not tell the next holder that it stopped
+    /// cleanly.
+    async fn close_sinks(&mut self);
+
     /// Resolves when a subtask of the attempt panicked (never while none
     /// did).
     async fn panicked(&mut self) -> tokio::task::JoinError;
@@ -79,12 +88,18 @@ pub(super) struct RegionEffects<'p> {
     /// Where the checkpoint writer reports.
     pub(super) report_tx: mpsc::UnboundedSender<Report>,
     pub(super) source_controls: Vec<mpsc::UnboundedSender<SourceCommand>>,
-    /// "Commit everything pending up to N (completed at that instant)".
-    pub(super) sink_controls: Vec<mpsc::UnboundedSender<(CheckpointId, std::time::Instant)>>,
+    /// "Commit everything pending up to N", "close".
+    pub(super) sink_controls: Vec<mpsc::UnboundedSender<SinkCommand>>,
+    /// Set when a sink did not close cleanly (see
+    /// [`Effects::close_sinks`]).
+    pub(super) left_open: &'p std::sync::atomic::AtomicBool,
     /// Every subtask of the attempt.
     pub(super) tasks: tokio::task::JoinSet<()>,
     pub(super) recording: Option<JoinHandle<()>>,
 }
+
+/// How long [`Effects::close_sinks`] waits for a sink to close.
+pub(super) const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How a checkpoint write's result tells the driver what to do.
 fn outcome(result: Result<(), StoreError>) -> PersistOutcome {
@@ -170,7 +185,7 @@ impl Effects for RegionEffects<'_> {
     fn complete(&mut self, checkpoint: CheckpointId, at: tokio::time::Instant) {
         let at = at.into_std();
         for c in &self.sink_controls {
-            let _ = c.send((checkpoint, at));
+            let _ = c.send(SinkCommand::Commit(checkpoint, at));
         }
         for c in &self.source_controls {
             let _ = c.send(SourceCommand::Complete(checkpoint));
@@ -180,6 +195,29 @@ impl Effects for RegionEffects<'_> {
     fn stop_sources(&mut self) {
         for c in &self.source_controls {
             let _ = c.send(SourceCommand::Stop);
+        }
+    }
+
+    async fn close_sinks(&mut self) {
+        let mut answers = Vec::with_capacity(self.sink_controls.len());
+        for c in &self.sink_controls {
+            let (done, answer) = tokio::sync::oneshot::channel();
+            if c.send(SinkCommand::Close(done)).is_ok() {
+                answers.push(answer);
+            } else {
+                warn!("a sink subtask had ended before it could close its sink");
+                self.left_open.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        for answer in answers {
+            let why = match tokio::time::timeout(CLOSE_TIMEOUT, answer).await {
+                Ok(Ok(Ok(()))) => continue,
+                Ok(Ok(Err(e))) => crate::error::ErrorChain(&e).to_string(),
+                Ok(Err(_)) => "the sink subtask ended without answering".to_string(),
+                Err(_) => format!("no answer within {CLOSE_TIMEOUT:?}"),
+            };
+            warn!(error = %why, "a sink did not close cleanly: the next holder of the pipeline waits before it recovers");
+            self.left_open.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

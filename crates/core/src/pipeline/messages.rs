@@ -20,6 +20,16 @@ pub(super) enum SourceCommand {
     Stop,
 }
 
+/// From the driver to a sink subtask.
+pub(super) enum SinkCommand {
+    /// Commit everything pending up to N (completed at that instant).
+    Commit(CheckpointId, std::time::Instant),
+    /// The final checkpoint is committed: close the sink (see
+    /// [`TwoPhaseCommitSink::close`](crate::TwoPhaseCommitSink::close)),
+    /// answer how it went, and end.
+    Close(tokio::sync::oneshot::Sender<Result<(), ConnectorError>>),
+}
+
 /// From the subtasks (and the checkpoint writer) to the driver.
 pub(super) enum Report {
     Ack(CheckpointId, TaskId, TaskState),

@@ -57,6 +57,9 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
     /// Run by every source subtask on what its source reads.
     transforms: Chain,
+    /// A sink of this run did not close cleanly after its final
+    /// checkpoint: the run does not hand the pipeline over as clean.
+    sinks_left_open: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -122,6 +125,7 @@ impl Pipeline {
             store,
             metrics: Arc::new(Metrics::default()),
             transforms: Chain::default(),
+            sinks_left_open: Default::default(),
         })
     }
 
@@ -200,6 +204,7 @@ impl Pipeline {
         crate::fault::warn_if_ignored();
         let span = info_span!("pipeline", name = %self.config.name);
         tokio::pin!(shutdown);
+        self.sinks_left_open.store(false, std::sync::atomic::Ordering::Relaxed);
         let Some(mut lock) = self.take_lock(&mut shutdown).await? else {
             return Ok(RunSummary {
                 last_checkpoint: None,
@@ -242,6 +247,22 @@ impl Pipeline {
         for result in results {
             last.push(result?);
         }
+        // Every region stopped after its final checkpoint's commits: tell
+        // the next holder (a standby) that nothing of this run acts any
+        // more, unless a sink could not close what it holds.
+        if self.sinks_left_open.load(std::sync::atomic::Ordering::Relaxed) {
+            info!(pipeline = %self.config.name, "a sink did not close cleanly: the next holder waits before it recovers");
+        } else {
+            crate::ownership::release_instance_locks(&self.config.name);
+            match lock.release_cleanly().await {
+                Ok(()) => info!(pipeline = %self.config.name, "stopped cleanly: the pipeline's lock is handed over"),
+                Err(error) => warn!(
+                    pipeline = %self.config.name,
+                    error = %crate::ErrorChain(&error),
+                    "could not record the clean release of the pipeline's lock: the next holder waits before it recovers"
+                ),
+            }
+        }
         Ok(RunSummary {
             last_checkpoint: last.iter().copied().min().flatten(),
             regions: last,
@@ -250,7 +271,8 @@ impl Pipeline {
     }
 
     /// The pipeline's lock; as a standby, waits for it (and then
-    /// [`STANDBY_TAKEOVER_GRACE`]). `None`: `shutdown` came first.
+    /// [`STANDBY_TAKEOVER_GRACE`], unless the holder handed it over
+    /// cleanly). `None`: `shutdown` came first.
     async fn take_lock(
         &self,
         shutdown: &mut (impl Future<Output = ()> + Unpin),
@@ -267,7 +289,13 @@ impl Pipeline {
             };
             match attempt {
                 Ok(lock) => {
-                    if waiting_on.is_some() {
+                    if waiting_on.is_some() && lock.previous_released_cleanly() {
+                        // It stopped after its last commits and closed its
+                        // sinks before it let go: nothing of it runs.
+                        self.metrics.set_standby(false);
+                        self.metrics.took_over(true);
+                        info!(pipeline = %self.config.name, "the pipeline was handed over cleanly: taking over at once");
+                    } else if waiting_on.is_some() {
                         info!(pipeline = %self.config.name, "the pipeline's lock is free: taking over");
                         // The lock frees the moment the holder's session
                         // ends, which the holder may not have noticed yet
@@ -279,6 +307,7 @@ impl Pipeline {
                             _ = &mut *shutdown => return Ok(self.stand_down()),
                         }
                         self.metrics.set_standby(false);
+                        self.metrics.took_over(false);
                     }
                     return Ok(Some(lock));
                 }
@@ -407,6 +436,7 @@ impl Pipeline {
             report_tx: wired.report_tx,
             source_controls: wired.source_controls,
             sink_controls: wired.sink_controls,
+            left_open: &self.sinks_left_open,
             tasks: wired.tasks,
             recording: None,
         };

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tracing::{info_span, warn, Instrument};
 
 use super::config::Guarantee;
-use super::messages::{Msg, Report};
+use super::messages::{Msg, Report, SinkCommand};
 use crate::coordinator::{CommitLedger, TaskId, TaskState};
 use crate::error::ConnectorError;
 use crate::fault;
@@ -67,14 +67,18 @@ impl SinkTask {
     pub(super) async fn run(
         mut self,
         mut inputs: Vec<mpsc::Receiver<Msg>>,
-        mut control: mpsc::UnboundedReceiver<(CheckpointId, Instant)>,
+        mut control: mpsc::UnboundedReceiver<SinkCommand>,
     ) {
         let result = async {
             loop {
                 tokio::select! {
                     biased;
                     c = control.recv() => match c {
-                        Some((id, at)) => self.commit_up_to(id, at).await?,
+                        Some(SinkCommand::Commit(id, at)) => self.commit_up_to(id, at).await?,
+                        Some(SinkCommand::Close(done)) => {
+                            let _ = done.send(self.sink.close().await);
+                            return Ok(());
+                        }
                         None => return Ok(()),
                     },
                     m = self.next_message(&mut inputs) => match m {

@@ -6,13 +6,11 @@
 //! chain has one pair and nothing to align); unbounded control channels from
 //! the driver to every subtask, and one report channel back.
 
-use std::time::Instant;
-
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{info_span, Instrument, Span};
 
-use super::messages::{Report, SourceCommand};
+use super::messages::{Report, SinkCommand, SourceCommand};
 use super::region::Region;
 use super::sink_task::SinkTask;
 use super::source_task::SourceTask;
@@ -29,8 +27,8 @@ pub(super) struct Wired {
     /// For the checkpoint writer's reports.
     pub(super) report_tx: mpsc::UnboundedSender<Report>,
     pub(super) source_controls: Vec<mpsc::UnboundedSender<SourceCommand>>,
-    /// "Commit everything pending up to N (completed at that instant)".
-    pub(super) sink_controls: Vec<mpsc::UnboundedSender<(CheckpointId, Instant)>>,
+    /// "Commit everything pending up to N", "close".
+    pub(super) sink_controls: Vec<mpsc::UnboundedSender<SinkCommand>>,
 }
 
 impl Pipeline {

@@ -250,6 +250,25 @@ pub struct StoreLock {
     #[allow(dead_code)]
     held: Box<dyn Send + Sync>,
     lost: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    /// How this holder records a clean release, where the store can.
+    hand_over: Option<Box<dyn HandOver>>,
+    /// The holder before this one released the lock cleanly.
+    previous_clean: bool,
+}
+
+/// How a lock's holder tells the next one that it stopped cleanly: a
+/// record kept beside the lock (in the lock file, in a table), written by
+/// the holder while it still holds the lock and read — and cleared — by the
+/// next holder when it takes the lock (see
+/// [`StoreLock::previous_released_cleanly`]).
+#[async_trait]
+pub trait HandOver: Send + Sync + 'static {
+    /// Records durably that the holder stopped acting on the pipeline and
+    /// closed its sinks. Called while the lock is held, once, right before
+    /// the lock is let go (the implementation may let it go itself).
+    /// `Ok` only when the record is durable; an error leaves the next
+    /// holder to treat the release as a crash.
+    async fn record_clean_release(&self) -> Result<(), AccessError>;
 }
 
 impl StoreLock {
@@ -259,6 +278,39 @@ impl StoreLock {
         StoreLock {
             held: Box::new(held),
             lost: None,
+            hand_over: None,
+            previous_clean: false,
+        }
+    }
+
+    /// The same lock, able to record a clean release through `hand_over`;
+    /// `previous_clean` says whether the holder before this one released
+    /// cleanly (what the store read, and cleared, when it took the lock).
+    pub fn handing_over(mut self, hand_over: impl HandOver, previous_clean: bool) -> Self {
+        self.hand_over = Some(Box::new(hand_over));
+        self.previous_clean = previous_clean;
+        self
+    }
+
+    /// Whether the previous holder released the lock cleanly: it stopped
+    /// acting after its last checkpoint's commits and closed its sinks
+    /// before it let go ([`release_cleanly`](Self::release_cleanly)), so
+    /// nothing of it can still be running. `false` when it died, lost the
+    /// lock, stopped after a failure, when there was none, and on a store
+    /// that cannot tell.
+    pub fn previous_released_cleanly(&self) -> bool {
+        self.previous_clean
+    }
+
+    /// Records that this holder stopped cleanly (on a store that can, see
+    /// [`HandOver`]), then lets the lock go. Call it only when nothing of
+    /// the run acts any more: every region stopped after its final
+    /// checkpoint was committed, and every sink closed. On an error the
+    /// lock is let go all the same, unrecorded.
+    pub async fn release_cleanly(self) -> Result<(), AccessError> {
+        match &self.hand_over {
+            Some(hand_over) => hand_over.record_clean_release().await,
+            None => Ok(()),
         }
     }
 
@@ -269,6 +321,8 @@ impl StoreLock {
         StoreLock {
             held: Box::new(held),
             lost: Some(lost),
+            hand_over: None,
+            previous_clean: false,
         }
     }
 

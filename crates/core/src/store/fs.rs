@@ -536,13 +536,17 @@ impl FsCheckpointStore {
     /// An exclusive OS lock (`flock`) on [`LOCK_FILE`], which then holds
     /// the holder's host, pid and start time (read by a refused process).
     /// The kernel releases the lock when the holder's file closes, however
-    /// the holder ends.
+    /// the holder ends. A clean release writes its mark into the file in
+    /// place of the name (see [`crate::file_lock::mark_released_cleanly`]).
     fn lock_sync(&self) -> Result<StoreLock, StoreError> {
         let dir = &self.folder.dir;
         let failed = |e: std::io::Error| StoreError::Access(self.folder.determinate("locking the pipeline", e));
         fs::create_dir_all(dir).map_err(failed)?;
-        match crate::file_lock::lock_naming_holder(&dir.join(LOCK_FILE)) {
-            Ok(file) => Ok(StoreLock::new(file)),
+        match crate::file_lock::lock_after_holder(&dir.join(LOCK_FILE)) {
+            Ok((file, previous_clean)) => {
+                let mark = LockFile(Arc::new(file.try_clone().map_err(failed)?), self.folder.clone());
+                Ok(StoreLock::new(file).handing_over(mark, previous_clean))
+            }
             Err(crate::file_lock::FileLockError::Held { holder }) => Err(StoreError::Locked {
                 pipeline: self.pipeline_name(),
                 dir: dir.display().to_string(),
@@ -550,6 +554,24 @@ impl FsCheckpointStore {
             }),
             Err(crate::file_lock::FileLockError::Io(e)) => Err(failed(e)),
         }
+    }
+}
+
+/// The lock file of a held [`FsCheckpointStore::lock`] (a second handle on
+/// the open file that holds the `flock`), to mark a clean release in.
+struct LockFile(Arc<fs::File>, Folder);
+
+#[async_trait]
+impl super::contract::HandOver for LockFile {
+    async fn record_clean_release(&self) -> Result<(), AccessError> {
+        let file = self.0.clone();
+        let folder = self.1.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::file_lock::mark_released_cleanly(&file)
+                .map_err(|e| folder.determinate("marking the pipeline's lock released cleanly", e))
+        })
+        .await
+        .expect("the mark does not panic")
     }
 }
 

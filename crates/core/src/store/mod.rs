@@ -25,7 +25,9 @@ mod fs;
 
 pub use access::AccessError;
 pub use checkpoints::Checkpoints;
-pub use contract::{Cas, CheckpointStore, Head, Layout, Listed, Marks, Removal, Scope, SequenceStore, StoreLock};
+pub use contract::{
+    Cas, CheckpointStore, HandOver, Head, Layout, Listed, Marks, Removal, Scope, SequenceStore, StoreLock,
+};
 pub use entry::{CheckpointEntry, EntryName, EntryProblem, PipelineDescriptor, ProblemKind};
 pub use fingerprint::{check_fingerprint, AllowedChanges};
 pub use fs::FsCheckpointStore;

@@ -28,6 +28,7 @@ enum Did {
     Trigger(u64),
     Complete(u64),
     StopSources,
+    CloseSinks,
     StopSubtasks,
 }
 
@@ -78,6 +79,10 @@ impl Effects for Recorded {
 
     fn stop_sources(&mut self) {
         self.log.lock().unwrap().push(Did::StopSources);
+    }
+
+    async fn close_sinks(&mut self) {
+        self.log.lock().unwrap().push(Did::CloseSinks);
     }
 
     async fn panicked(&mut self) -> tokio::task::JoinError {
@@ -316,6 +321,10 @@ async fn an_indeterminate_persist_restarts_the_region_without_commit_or_abort() 
     assert_eq!(metrics.snapshot().checkpoints_failed, 0, "no abort either");
     assert_eq!(log.last(), Some(&Did::StopSubtasks), "{log:?}");
     assert!(!log.contains(&Did::Trigger(2)), "nothing more: {log:?}");
+    assert!(
+        !log.contains(&Did::CloseSinks),
+        "a failed attempt closes nothing: {log:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -326,10 +335,16 @@ async fn a_fenced_persist_drops_the_region_without_commit() {
     h.wait_for(Did::Persist(1)).await;
     h.persisted(1, PersistOutcome::Fenced(io_error("epoch 3 is taken")));
     let log = h.log.clone();
+    let metrics = h.metrics.clone();
     h.result().await.expect_err("the attempt ends");
+    assert_eq!(metrics.snapshot().fenced_writes, 1, "counted");
     let log = log.lock().unwrap().clone();
     assert!(!log.contains(&Did::Complete(1)), "{log:?}");
     assert_eq!(log.last(), Some(&Did::StopSubtasks), "{log:?}");
+    assert!(
+        !log.contains(&Did::CloseSinks),
+        "a dropped region closes nothing: {log:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -406,9 +421,18 @@ async fn the_final_checkpoint_is_committed_before_the_region_stops() {
         !h.driver.is_finished(),
         "the sink has not committed the final checkpoint"
     );
+    assert!(
+        !h.did().contains(&Did::CloseSinks),
+        "no sink closes before the final checkpoint is committed: {:?}",
+        h.did()
+    );
     h.reports.send(Report::Committed(0, CheckpointId(2))).unwrap();
     let log = h.log.clone();
     assert_eq!(h.result().await.ok(), Some(Some(CheckpointId(2))));
     let log = log.lock().unwrap().clone();
     assert!(position(&log, &Did::RecordCommitted(2)) < position(&log, &Did::StopSubtasks));
+    // Closed once committed, and only then stopped: a sink's close (its
+    // locks released for the next holder) comes after everything it had.
+    assert!(position(&log, &Did::Complete(2)) < position(&log, &Did::CloseSinks));
+    assert!(position(&log, &Did::CloseSinks) < position(&log, &Did::StopSubtasks));
 }

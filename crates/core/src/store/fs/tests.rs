@@ -122,6 +122,23 @@ async fn one_holder_at_a_time_and_the_refusal_names_it() {
 }
 
 #[tokio::test]
+async fn a_clean_release_is_told_to_the_next_holder_once_and_a_dropped_lock_is_not() {
+    let root = tempfile::tempdir().unwrap();
+    let store = FsCheckpointStore::new(root.path(), "p", 3);
+    let first = store.lock().await.unwrap();
+    assert!(!first.previous_released_cleanly(), "nobody held it before");
+    first.release_cleanly().await.expect("marked");
+    let second = store.lock().await.expect("let go by the release");
+    assert!(second.previous_released_cleanly());
+    drop(second);
+    let third = store.lock().await.unwrap();
+    assert!(
+        !third.previous_released_cleanly(),
+        "the holder before it dropped the lock without a clean release"
+    );
+}
+
+#[tokio::test]
 async fn corrupt_and_half_written_entries_are_skipped() {
     let root = tempfile::tempdir().unwrap();
     let store = FsCheckpointStore::new(root.path(), "p", 10);
