@@ -38,17 +38,20 @@
 //! - **One process per pipeline, for now**: [`lock`](exactly_core::CheckpointStore::lock)
 //!   is a session-level advisory lock. Several processes sharing the
 //!   pipeline's regions under leases are the next step
-//!   (`docs/design/several-processes.md`); the lease columns are already in
-//!   `exactly_sequences`.
+//!   (`docs/design/several-processes.md`); the leases themselves are here
+//!   already ([`PgLeases`], from [`PgCheckpointStore::leases`]), tested
+//!   against the rules of the pure ownership model.
 //! - **No pool crate**: each sequence has its one connection (a region's
 //!   calls are sequential anyway), opened lazily and dropped when broken;
 //!   a pool would add a layer between a call and the knowledge of whether
 //!   its statement was sent.
 
+mod leases;
 mod lock;
 mod schema;
 mod sequence;
 mod session;
 mod store;
 
+pub use leases::PgLeases;
 pub use store::{ConfigError, PgCheckpointStore};

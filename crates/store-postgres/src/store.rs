@@ -184,6 +184,19 @@ impl PgCheckpointStore {
     pub fn session_name(&self, scope: Scope) -> String {
         format!("exactly-store {} {}", self.pipeline, scope_name(scope))
     }
+
+    /// The membership and region leases of the pipeline's workers, on a
+    /// connection of their own (see [`PgLeases`](crate::PgLeases)).
+    pub fn leases(&self) -> crate::PgLeases {
+        crate::PgLeases {
+            session: Session::new(
+                self.target.clone(),
+                &format!("exactly-leases {}", self.pipeline),
+                format!("{} (pipeline {}, leases)", self.target.server, self.pipeline),
+            ),
+            pipeline: self.pipeline.clone(),
+        }
+    }
 }
 
 #[async_trait]

@@ -10,46 +10,12 @@
 use std::time::Duration;
 
 use exactly_core::store::{conformance, AccessError};
-use exactly_core::{
-    CheckpointData, CheckpointEntry, CheckpointId, CheckpointStore, Checkpoints, PipelineDescriptor, Scope, StoreError,
-};
+use exactly_core::{CheckpointId, CheckpointStore, Checkpoints, Scope, StoreError};
 use exactly_store_postgres::PgCheckpointStore;
 use exactly_testkit::PostgresServer;
 
-/// A pipeline name no other test (or earlier run on an external server)
-/// uses.
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-async fn client(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("the test's own connection");
-    tokio::spawn(connection);
-    client
-}
-
-fn entry(pipeline: &str, id: u64) -> CheckpointEntry {
-    CheckpointEntry::new(
-        PipelineDescriptor {
-            name: pipeline.into(),
-            source: "sequence:splits=1".into(),
-            sink: "file:dir=/out".into(),
-            parallelism: 1,
-            guarantee: "exactly-once".into(),
-            transforms: Vec::new(),
-        },
-        CheckpointData {
-            id: CheckpointId(id),
-            ..CheckpointData::default()
-        },
-    )
-}
+mod common;
+use common::{client, entry, unique};
 
 /// Waits (at most 30 s) until `query` returns a row, and returns its first
 /// column.

@@ -20,14 +20,17 @@
 //! - [`lease`]: the store's side — claim (which fences), renew, release,
 //!   and the epoch check of a write;
 //! - [`balance`]: even, sticky shares of the regions among live workers;
-//! - [`worker`]: one worker's state machine.
+//! - [`worker`]: one worker's state machine;
+//! - [`shared`]: [`LeaseStore`], the rows in the store every worker reaches.
 
 pub mod balance;
 mod clock;
 pub mod lease;
+pub mod shared;
 pub mod worker;
 
 pub use balance::{plan, quota, Plan};
 pub use clock::{DbTime, LeaseSettings, MonoTime};
 pub use lease::{Claim, Epoch, Member, RegionLease, WorkerId};
+pub use shared::LeaseStore;
 pub use worker::{Input, Order, View, Worker};
