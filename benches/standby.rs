@@ -111,7 +111,7 @@ fn takeover(
     let table = format!("standby_{tag}_{round}");
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = feed(bootstrap, &topic, stop.clone())?;
-    let file = pipeline(dir.path(), round, bootstrap, &topic, url, &table)?;
+    let file = pipeline(dir.path(), bootstrap, &topic, url, &table)?;
 
     let mut active = Worker::start(exactly, &file, dir.path(), "active")?;
     active.wait_for("its first commit", |m| value(m, "exactly_commits_total") >= 1.0)?;
@@ -184,14 +184,16 @@ fn feed(bootstrap: &str, topic: &str, stop: Arc<AtomicBool>) -> Result<std::thre
 }
 
 /// The pipeline file: defaults but for the PostgreSQL store and standby.
-fn pipeline(dir: &Path, round: u32, bootstrap: &str, topic: &str, url: &str, table: &str) -> Result<PathBuf> {
+/// The round's pipeline file; its name is the table's (one pipeline per
+/// round in the shared store).
+fn pipeline(dir: &Path, bootstrap: &str, topic: &str, url: &str, table: &str) -> Result<PathBuf> {
     let sections = exactly::config::orders_sections(bootstrap, topic, url, table)
         .replace("stop_at_end = true", "stop_at_end = false");
     let file = dir.join("pipeline.toml");
     std::fs::write(
         &file,
         format!(
-            "name = \"standby-{round}\"\nparallelism = 2\n\n[checkpoint]\nstore = {{ postgres = \"{url}\" }}\n\
+            "name = \"{table}\"\nparallelism = 2\n\n[checkpoint]\nstore = {{ postgres = \"{url}\" }}\n\
              standby = true\n\n{sections}"
         ),
     )?;
