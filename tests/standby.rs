@@ -237,9 +237,11 @@ fn a_standby_takes_over_after_sigkill_of_the_active_process_exactly_once() {
     assert_eq!(probes(), before, "the standby reconnected to try the lock again");
     wait_for_more_rows(url, &table, 0, &mut first, Duration::from_secs(120));
 
-    // The active one dies; the standby takes over and goes on.
-    let before = committed_orders(url, &table);
+    // The active one dies; the standby takes over and goes on (rows
+    // counted once the active one is gone: what comes after is the
+    // standby's).
     first.kill();
+    let before = committed_orders(url, &table);
     second.wait_for_log("the pipeline's lock is free: taking over", Duration::from_secs(120));
     wait_for_more_rows(url, &table, before, &mut second, Duration::from_secs(120));
     let scrape = Scrape::take(&second.base);

@@ -279,6 +279,12 @@ impl TwoPhaseCommitSink for FileSink {
     type Transaction = PendingFile;
     type Committable = FileCommittable;
 
+    /// Holds nothing of its own: its lock is the process's instance lock,
+    /// which the runtime lets go after a clean stop.
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        Ok(exactly_core::Closed::Released)
+    }
+
     async fn recover(&mut self, pending: &[FileCommittable]) -> Result<(), ConnectorError> {
         tokio::fs::create_dir_all(&self.dir)
             .await

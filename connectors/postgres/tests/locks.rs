@@ -121,9 +121,12 @@ async fn a_lock_held_by_another_process_is_fatal_names_the_holder_and_touches_no
 async fn modes_upsert_and_fenced_are_locked_too() {
     for mode in ["upsert", "fenced"] {
         let f = Fixture::new("locked_mode", &format!("mode = \"{mode}\"\n{KV_UPSERT}")).await;
-        let first = recovered(&f.config, &f.pipeline).await.unwrap();
+        let mut first = recovered(&f.config, &f.pipeline).await.unwrap();
         let keys = held_keys(&f.db, &f.pipeline).await;
         assert_eq!(keys.len(), 1, "{mode}: one lock for subtask 0");
+        // Closed after a clean stop, it lets them go at once.
+        assert_eq!(first.close().await.unwrap(), exactly_core::Closed::Released, "{mode}");
+        assert_eq!(held_keys(&f.db, &f.pipeline).await, Vec::<i64>::new(), "{mode}");
         drop(first);
         let (other, pid) = foreign_holder(f.pg.url(), "someone else", keys[0]).await;
         let message = recovered(&f.config, &f.pipeline).await.map(drop).unwrap_err();
@@ -219,7 +222,7 @@ async fn a_closed_sink_lets_its_subtask_locks_go_while_its_session_lives() {
         .len()
     };
     let open = sessions().await;
-    first.close().await.expect("closed");
+    assert_eq!(first.close().await.expect("closed"), exactly_core::Closed::Released);
     assert_eq!(
         held_keys(&f.db, &f.pipeline).await,
         Vec::<i64>::new(),

@@ -529,6 +529,11 @@ fn fence_script() -> &'static redis::Script {
 
 #[async_trait]
 impl IdempotentSink for RedisSink {
+    /// Holds no lock: a Redis connection bars nobody.
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        Ok(exactly_core::Closed::Released)
+    }
+
     async fn open(&mut self) -> Result<(), ConnectorError> {
         let mut con = self.connection().await?;
         let result: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
@@ -612,6 +617,11 @@ impl IdempotentSink for RedisSink {
 
 #[async_trait]
 impl FencedSink for RedisSink {
+    /// Holds no lock: a Redis connection bars nobody.
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        Ok(exactly_core::Closed::Released)
+    }
+
     async fn open(&mut self) -> Result<(), ConnectorError> {
         IdempotentSink::open(self).await
     }

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::ConnectorError;
 use crate::metrics::Metrics;
 use crate::record::{CheckpointId, Record};
-use crate::sink::{erase, ErasedSink, ReplayCheck, SinkContext, SinkFactory, TwoPhaseCommitSink};
+use crate::sink::{erase, Closed, ErasedSink, ReplayCheck, SinkContext, SinkFactory, TwoPhaseCommitSink};
 
 /// A record a sink refused, with the reason. Sinks store these in their own
 /// dead-letter destination; the adapters count them.
@@ -83,9 +83,9 @@ pub trait IdempotentSink: Send + 'static {
         Ok(())
     }
     /// Releases what the sink holds when its subtask stops cleanly; see
-    /// [`TwoPhaseCommitSink::close`]. Default: holds nothing.
-    async fn close(&mut self) -> Result<(), ConnectorError> {
-        Ok(())
+    /// [`TwoPhaseCommitSink::close`]. Default: cannot tell.
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
+        Ok(Closed::Unknown)
     }
 }
 
@@ -121,9 +121,9 @@ pub trait FencedSink: Send + 'static {
         Ok(())
     }
     /// Releases what the sink holds when its subtask stops cleanly; see
-    /// [`TwoPhaseCommitSink::close`]. Default: holds nothing.
-    async fn close(&mut self) -> Result<(), ConnectorError> {
-        Ok(())
+    /// [`TwoPhaseCommitSink::close`]. Default: cannot tell.
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
+        Ok(Closed::Unknown)
     }
 }
 
@@ -215,7 +215,7 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for ReplaySafeSink<S> {
     async fn check_replay_after(&mut self, _checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         Ok(ReplayCheck::Safe)
     }
-    async fn close(&mut self) -> Result<(), ConnectorError> {
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
         self.sink.close().await
     }
 }
@@ -558,7 +558,7 @@ impl<S: IdempotentSink> TwoPhaseCommitSink for WriteAheadSink<S> {
     async fn check_replay_after(&mut self, _checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError> {
         Ok(ReplayCheck::Safe)
     }
-    async fn close(&mut self) -> Result<(), ConnectorError> {
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
         self.sink.close().await
     }
 }
@@ -596,7 +596,7 @@ impl<S: FencedSink> IdempotentSink for ScopedFence<S> {
     async fn flush(&mut self) -> Result<(), ConnectorError> {
         self.sink.flush().await
     }
-    async fn close(&mut self) -> Result<(), ConnectorError> {
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
         self.sink.close().await
     }
 }

@@ -49,7 +49,7 @@ mod transform;
 pub use error::{BoxError, ConnectorError, ErrorChain};
 pub use record::{CheckpointId, Record, SplitPositions};
 pub use sink::{
-    erase, ErasedSink, PreparedTransaction, PreparedTransactionsFuture, ReplayCheck, SinkContext, SinkFactory,
+    erase, Closed, ErasedSink, PreparedTransaction, PreparedTransactionsFuture, ReplayCheck, SinkContext, SinkFactory,
     TwoPhaseCommitSink,
 };
 pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};

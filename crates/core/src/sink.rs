@@ -166,18 +166,21 @@ pub trait TwoPhaseCommitSink: Send + 'static {
 
     /// Called once when the subtask stops cleanly: after the final
     /// checkpoint's transactions were committed, with nothing open or
-    /// pending. Contract: when it returns `Ok`, this sink holds nothing that
-    /// another process taking the pipeline over would wait for or be
-    /// refused by — locks, leases, sessions that hold them — so the
-    /// runtime may tell the next holder to start at once. Nothing is called
-    /// on the sink afterwards. An error only costs the next holder the
-    /// wait it makes after a holder that did not stop cleanly.
+    /// pending. Let go of whatever another process taking the pipeline
+    /// over would wait for or be refused by — locks, leases, the sessions
+    /// holding them — and answer [`Closed::Released`]: the runtime may then
+    /// tell the next holder (a standby) to start at once. Nothing is called
+    /// on the sink afterwards. [`Closed::Unknown`] or an error only costs
+    /// the next holder the wait it makes after a holder that did not stop
+    /// cleanly. Locks taken with
+    /// [`hold_instance_lock`](crate::hold_instance_lock) are let go by the
+    /// runtime itself.
     ///
     /// Not called after a failure or a crash: whatever the sink holds is
-    /// then released as the process or its sessions end. The default holds
-    /// nothing.
-    async fn close(&mut self) -> Result<(), ConnectorError> {
-        Ok(())
+    /// then released as the process or its sessions end. The default
+    /// answers `Unknown`: a sink cannot be assumed to hold nothing.
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
+        Ok(Closed::Unknown)
     }
 
     /// Whether replaying every record after `checkpoint` would duplicate
@@ -197,6 +200,18 @@ pub trait TwoPhaseCommitSink: Send + 'static {
         let _ = checkpoint;
         Ok(ReplayCheck::Unknown)
     }
+}
+
+/// What a sink let go of when it closed (see
+/// [`TwoPhaseCommitSink::close`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Everything another process taking the pipeline over could wait for
+    /// or be refused by.
+    Released,
+    /// The sink cannot tell (the default): the next holder waits as after
+    /// a holder that did not stop cleanly.
+    Unknown,
 }
 
 /// A sink subtask's answer to
@@ -321,9 +336,9 @@ pub trait ErasedSink: Send + 'static {
     async fn abort(&mut self) -> Result<(), ConnectorError>;
     /// See [`TwoPhaseCommitSink::check_replay_after`].
     async fn check_replay_after(&mut self, checkpoint: CheckpointId) -> Result<ReplayCheck, ConnectorError>;
-    /// See [`TwoPhaseCommitSink::close`]. The default holds nothing.
-    async fn close(&mut self) -> Result<(), ConnectorError> {
-        Ok(())
+    /// See [`TwoPhaseCommitSink::close`]. The default cannot tell.
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
+        Ok(Closed::Unknown)
     }
 }
 
@@ -393,7 +408,7 @@ impl<S: TwoPhaseCommitSink> ErasedSink for Erased<S> {
         self.sink.check_replay_after(checkpoint).await
     }
 
-    async fn close(&mut self) -> Result<(), ConnectorError> {
+    async fn close(&mut self) -> Result<Closed, ConnectorError> {
         self.sink.close().await
     }
 }

@@ -7,13 +7,15 @@
 //! statement — its own transaction, at one `now()` — implementing the rule
 //! of [`RegionLease`](exactly_core::membership::RegionLease) it names:
 //!
-//! - a claim locks the region's row, and raises the epoch and takes the
-//!   lease only when the lease is free (never held, released, or
+//! - a claim is one `UPDATE` that raises the epoch and takes the lease
+//!   only when the lease is free (never held, released, or
 //!   `lease_expires < now()`) or the claimant's, and the epoch is the one
 //!   it read; the grant is logged in `exactly_epochs` like every fence.
 //!   Two claims of one region serialize on the row lock: under READ
-//!   COMMITTED the second re-reads the row the first committed and finds
-//!   the epoch moved (or the lease held);
+//!   COMMITTED the second re-evaluates its condition on the row the first
+//!   committed and finds the epoch moved (or the lease held). A refusal is
+//!   then explained from the row read again (held by whom, until when, or
+//!   the epoch now);
 //! - a renewal extends, in one statement, the leases still the worker's
 //!   under the epochs it names, and its membership row;
 //! - a release frees the lease at once, the epoch unchanged.
@@ -66,12 +68,11 @@ const VIEW: &str = concat!(
     ")), '[]')
          FROM exactly_sequences WHERE pipeline = $1 AND scope LIKE 'region-%')::text"
 );
-/// $1 pipeline, $2 scope, $3 claimant, $4 expected epoch, $5 term in ms.
+/// $1 pipeline, $2 scope, $3 claimant, $4 expected epoch, $5 term in ms:
+/// the grant, if any (the decision and the fence in one `UPDATE`, whose
+/// row lock orders concurrent claims).
 const CLAIM: &str = concat!(
-    "WITH read AS (
-        SELECT epoch, lease_holder, lease_expires FROM exactly_sequences
-        WHERE pipeline = $1 AND scope = $2 FOR UPDATE),
-    taken AS (
+    "WITH taken AS (
         UPDATE exactly_sequences SET epoch = epoch + 1, owner = $3, lease_holder = $3,
             lease_expires = now() + $5::bigint * interval '1 millisecond'
         WHERE pipeline = $1 AND scope = $2 AND epoch = $4
@@ -79,14 +80,18 @@ const CLAIM: &str = concat!(
         RETURNING epoch, lease_expires),
     logged AS (
         INSERT INTO exactly_epochs (pipeline, scope, epoch, owner) SELECT $1, $2, epoch, $3 FROM taken)
-    SELECT r.epoch, r.lease_holder, ",
-    ms!("r.lease_expires"),
+    SELECT epoch, ",
+    ms!("lease_expires"),
+    " FROM taken"
+);
+/// $1 pipeline, $2 scope, $3 claimant: why a claim was refused — the row
+/// as it is now, and whether another worker's lease runs.
+const REFUSED: &str = concat!(
+    "SELECT epoch, lease_holder, ",
+    ms!("lease_expires"),
     ",
-        r.lease_holder IS NOT NULL AND r.lease_holder <> $3 AND r.lease_expires >= now(),
-        t.epoch, ",
-    ms!("t.lease_expires"),
-    "
-    FROM read r LEFT JOIN taken t ON true"
+        coalesce(lease_holder IS NOT NULL AND lease_holder <> $3 AND lease_expires >= now(), false)
+    FROM exactly_sequences WHERE pipeline = $1 AND scope = $2"
 );
 /// $1 pipeline, $2 worker, $3 scopes, $4 their epochs, $5 term in ms,
 /// $6 renew the membership, $7 host, $8 pid.
@@ -106,6 +111,10 @@ const RELEASE: &str = "UPDATE exactly_sequences SET lease_holder = NULL, lease_e
     WHERE pipeline = $1 AND scope = $2 AND lease_holder = $3 AND epoch = $4
     RETURNING 1";
 const LEAVE: &str = "DELETE FROM exactly_workers WHERE pipeline = $1 AND worker = $2";
+
+/// How often a claim is tried again when the row that refused it would
+/// grant it when read.
+const CLAIM_TRIES: usize = 3;
 
 fn scope(region: usize) -> String {
     format!("{REGION_PREFIX}{region}")
@@ -191,35 +200,57 @@ impl LeaseStore for PgLeases {
         term: Duration,
     ) -> Result<Claim, AccessError> {
         self.ensure(&[region]).await?;
-        let rows = self
-            .session
-            .query(
-                "claiming a region",
-                Effect::Writes,
-                CLAIM,
-                &[&self.pipeline, &scope(region), &who.0, &big(expected.0), &term_ms(term)],
-            )
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| self.malformed("the claimed row", "no row"))?;
-        let (epoch, holder, expires, held): (i64, Option<String>, Option<i64>, bool) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
-        let granted: Option<i64> = row.get(4);
-        Ok(match (granted, holder) {
-            (Some(epoch), _) => Claim::Granted(RegionLease {
-                owner: Some(who.clone()),
-                epoch: Epoch(epoch as u64),
-                expires: db_time(row.get(5)),
-            }),
-            (None, Some(by)) if held => Claim::Held {
-                by: WorkerId(by),
-                until: db_time(expires),
-            },
-            (None, _) => Claim::EpochMoved {
-                current: Epoch(epoch.max(0) as u64),
-            },
-        })
+        let name = scope(region);
+        // A refusal is explained by reading the row again; a row that would
+        // grant the claim by then (released or expired in between) is
+        // claimed again, a few times at most.
+        for _ in 0..CLAIM_TRIES {
+            let rows = self
+                .session
+                .query(
+                    "claiming a region",
+                    Effect::Writes,
+                    CLAIM,
+                    &[&self.pipeline, &name, &who.0, &big(expected.0), &term_ms(term)],
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                return Ok(Claim::Granted(RegionLease {
+                    owner: Some(who.clone()),
+                    epoch: Epoch(row.get::<_, i64>(0) as u64),
+                    expires: db_time(row.get(1)),
+                }));
+            }
+            let rows = self
+                .session
+                .query(
+                    "reading a refused claim's region",
+                    Effect::Reads,
+                    REFUSED,
+                    &[&self.pipeline, &name, &who.0],
+                )
+                .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| self.malformed("the region's row", "no row"))?;
+            let (epoch, holder, expires, held): (i64, Option<String>, Option<i64>, bool) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            let current = Epoch(epoch.max(0) as u64);
+            match holder {
+                Some(by) if held => {
+                    return Ok(Claim::Held {
+                        by: WorkerId(by),
+                        until: db_time(expires),
+                    })
+                }
+                _ if current != expected => return Ok(Claim::EpochMoved { current }),
+                _ => {}
+            }
+        }
+        Err(self.malformed(
+            "a refused claim's region",
+            format!("the lease of region {region} changed on each of {CLAIM_TRIES} tries"),
+        ))
     }
 
     async fn renew(

@@ -44,6 +44,10 @@ struct Held {
     stop: tokio::sync::oneshot::Sender<()>,
 }
 
+/// How recent a clean-release record must be to count: a standby takes
+/// the lock within a poll of its release, well inside this.
+const RELEASE_FRESH: Duration = Duration::from_secs(30);
+
 /// How often the lock's session is asked whether it still holds: a holder
 /// that lost it stops acting within about this (plus the query's time);
 /// a standby waits [`exactly_core::STANDBY_TAKEOVER_GRACE`] after taking
@@ -109,14 +113,19 @@ pub(crate) async fn take(
         // Read and cleared under the lock: a row is the clean release of
         // the holder just before this one. On an error the session (and
         // the lock) ends with `client`.
-        let previous_clean = !client
+        // A record older than RELEASE_FRESH cannot be the release of the
+        // holder just before: one that never cleared it (a binary of before
+        // the record) held the lock in between.
+        let previous_clean = client
             .query(
-                "DELETE FROM exactly_releases WHERE pipeline = $1 RETURNING holder",
-                &[&pipeline],
+                "DELETE FROM exactly_releases WHERE pipeline = $1 \
+                 RETURNING clock_timestamp() - released_at < $2::bigint * interval '1 millisecond'",
+                &[&pipeline, &(RELEASE_FRESH.as_millis() as i64)],
             )
             .await
             .map_err(|e| failed("reading how the previous holder released the pipeline", e.into()))?
-            .is_empty();
+            .first()
+            .is_some_and(|row| row.get::<_, Option<bool>>(0) == Some(true));
         let client = Arc::new(client);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let (lost, on_loss) = tokio::sync::watch::channel(None);

@@ -322,4 +322,17 @@ async fn a_clean_release_is_told_to_the_next_holder_once_and_a_dropped_lock_is_n
         !third.previous_released_cleanly(),
         "the holder before it dropped the lock without a clean release"
     );
+    // A record that is not recent cannot be the release of the holder just
+    // before (one that never cleared it held the lock in between).
+    third.release_cleanly().await.unwrap();
+    client(pg.url())
+        .await
+        .execute(
+            "UPDATE exactly_releases SET released_at = released_at - interval '1 hour' WHERE pipeline = $1",
+            &[&pipeline],
+        )
+        .await
+        .unwrap();
+    let fourth = lock_when_free().await;
+    assert!(!fourth.previous_released_cleanly(), "a stale record does not count");
 }

@@ -229,6 +229,12 @@ impl TwoPhaseCommitSink for SqliteSink {
     type Transaction = Staging;
     type Committable = SqliteCommittable;
 
+    /// Holds nothing of its own: its lock is the process's instance lock,
+    /// which the runtime lets go after a clean stop.
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        Ok(exactly_core::Closed::Released)
+    }
+
     async fn recover(&mut self, pending: &[SqliteCommittable]) -> Result<(), ConnectorError> {
         let names = self.names.clone();
         let owned: Vec<usize> = self.context.owned_subtasks().collect();

@@ -441,6 +441,13 @@ impl TwoPhaseCommitSink for KafkaSink {
     type Transaction = KafkaTransaction;
     type Committable = KafkaCommittable;
 
+    /// Holds nothing another process would wait for: a new holder's
+    /// `InitProducerId` on each transactional id fences this process's
+    /// producers, and every transaction is committed by now.
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        Ok(exactly_core::Closed::Released)
+    }
+
     /// Commits the listed transactions with EndTxn as the producer id and
     /// epoch they were written with — never InitProducerId first, which
     /// would abort them — then initializes a producer for every pooled id

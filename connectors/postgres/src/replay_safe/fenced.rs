@@ -193,6 +193,12 @@ impl FencedSink for PostgresFencedSink {
         self.load_positions(&scope).await
     }
 
+    /// Lets the subtask locks go (see `Session::release`); the runtime calls
+    /// it after the final flush, with no transaction open.
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        self.session.release().await
+    }
+
     /// Drops the records at or below the position of their split (stored, or
     /// advanced by this transaction), writes the rest — rows, and dead letters
     /// for records that do not convert — into the open transaction, and

@@ -69,6 +69,24 @@ impl Session {
         Ok(())
     }
 
+    /// Lets the subtask locks go at the server (`pg_advisory_unlock_all`)
+    /// while the session lives on until the sink drops: a process taking
+    /// the pipeline over takes them at once (see
+    /// [`TwoPhaseCommitSink::close`](exactly_core::TwoPhaseCommitSink::close)).
+    /// A connection already lost is an error: its session may hold the
+    /// locks until the server notices.
+    pub(super) async fn release(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        let released = match &self.client {
+            None => Ok(exactly_core::Closed::Released),
+            Some(client) if client.is_closed() => Err(self.subtask.lost_connection("releasing the subtask locks")),
+            Some(client) => (client.batch_execute("SELECT pg_advisory_unlock_all()").await)
+                .map(|()| exactly_core::Closed::Released)
+                .map_err(|e| self.subtask.pg_error("releasing the subtask locks", e)),
+        };
+        self.locks.clear();
+        released
+    }
+
     /// Drops the connection; the server rolls back what it had open and
     /// releases its locks.
     pub(super) fn close(&mut self) {

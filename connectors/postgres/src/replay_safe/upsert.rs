@@ -55,6 +55,11 @@ impl IdempotentSink for PostgresUpsertSink {
         self.session.open().await
     }
 
+    /// Lets the subtask locks go (see `Session::release`).
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
+        self.session.release().await
+    }
+
     async fn write(&mut self, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
         let (rows, mut bad) = convert(batch, &self.session.layout()?.shape);
         let mut applied = rows.len();

@@ -852,9 +852,10 @@ impl TwoPhaseCommitSink for PostgresSink {
     /// on the write connection) and ends that connection: a process taking
     /// the pipeline over takes them at once, instead of waiting for this
     /// session to end or being refused by it.
-    async fn close(&mut self) -> Result<(), ConnectorError> {
+    async fn close(&mut self) -> Result<exactly_core::Closed, ConnectorError> {
         self.open = None;
         self.held.clear();
-        self.writer.close().await
+        self.writer.close().await?;
+        Ok(exactly_core::Closed::Released)
     }
 }

@@ -24,7 +24,7 @@
 //! before it hands the pipeline over, so a standby on the same machine is
 //! not refused by a process that is only exiting.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -33,9 +33,15 @@ use std::sync::Mutex;
 use crate::error::ConnectorError;
 use crate::file_lock::{self, FileLockError};
 
-/// Locks held by this process: lock file → the locked file (whatever
-/// pipeline of this process took it first: one process, one holder).
-static HELD: Mutex<Option<HashMap<PathBuf, (String, File)>>> = Mutex::new(None);
+/// A lock this process holds: the pipelines of this process that asked
+/// for it, and the locked file (one process, one holder).
+type Held = (BTreeSet<String>, File);
+
+/// Locks held by this process, by lock file.
+static HELD: Mutex<Option<HashMap<PathBuf, Held>>> = Mutex::new(None);
+
+/// Runs of each pipeline name going on in this process (see [`RunGuard`]).
+static RUNNING: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
 
 /// Makes sure this process holds the lock file `lock` for `pipeline`,
 /// taking it on first use; every later call of this process returns at
@@ -61,28 +67,85 @@ pub fn hold_instance_lock(
     let key = folder.join(lock.file_name().unwrap_or_default());
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     let held = held.get_or_insert_with(HashMap::new);
-    if let Some((_, file)) = held.get(&key) {
+    if let Some((pipelines, file)) = held.get_mut(&key) {
         // Still the file there (not one of a folder deleted and created
         // again under the same name)?
         if same_file(file, lock) {
+            pipelines.insert(pipeline.to_string());
             return Ok(());
         }
         held.remove(&key);
     }
     let file = acquire(lock, pipeline, store, independent_copy)?;
     tracing::info!(pipeline, lock = %lock.display(), "holding the store's lock of the pipeline");
-    held.insert(key, (pipeline.to_string(), file));
+    held.insert(key, (BTreeSet::from([pipeline.to_string()]), file));
     Ok(())
 }
 
-/// Lets go of the locks [`hold_instance_lock`] took for `pipeline` in this
-/// process. The runtime calls it when a run of `pipeline` stopped cleanly,
-/// when none of its sinks acts any more.
-pub(crate) fn release_instance_locks(pipeline: &str) {
+/// A run of a pipeline in this process, for the instance locks: while one
+/// goes on, the locks its pipeline asked for stay held. Dropped, the run
+/// ended without a clean stop and the locks stay until the process exits;
+/// [`end_cleanly`](Self::end_cleanly) lets go of those no other run of this
+/// process still needs.
+#[derive(Debug)]
+pub(crate) struct RunGuard {
+    pipeline: Option<String>,
+}
+
+impl RunGuard {
+    pub(crate) fn start(pipeline: &str) -> RunGuard {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        *running
+            .get_or_insert_with(HashMap::new)
+            .entry(pipeline.to_string())
+            .or_default() += 1;
+        RunGuard {
+            pipeline: Some(pipeline.to_string()),
+        }
+    }
+
+    /// The run stopped cleanly (every region after its final commits,
+    /// every sink closed): unless another run of the same pipeline goes on
+    /// in this process, the pipeline no longer needs its locks, and a lock
+    /// that no other pipeline of this process asked for is let go.
+    pub(crate) fn end_cleanly(mut self) {
+        if let Some(pipeline) = self.pipeline.take() {
+            if ended(&pipeline) == 0 {
+                release_instance_locks(&pipeline);
+            }
+        }
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        if let Some(pipeline) = self.pipeline.take() {
+            ended(&pipeline);
+        }
+    }
+}
+
+/// One run of `pipeline` ended; how many still go on.
+fn ended(pipeline: &str) -> usize {
+    let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    let running = running.get_or_insert_with(HashMap::new);
+    let left = running.get(pipeline).map_or(0, |n| n.saturating_sub(1));
+    if left == 0 {
+        running.remove(pipeline);
+    } else {
+        running.insert(pipeline.to_string(), left);
+    }
+    left
+}
+
+/// `pipeline` no longer needs the locks [`hold_instance_lock`] took for it
+/// in this process: those no other pipeline asked for are let go.
+fn release_instance_locks(pipeline: &str) {
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(held) = held.as_mut() {
-        held.retain(|lock, (of, _)| {
-            let keep = of != pipeline;
+        held.retain(|lock, (pipelines, _)| {
+            pipelines.remove(pipeline);
+            let keep = !pipelines.is_empty();
             if !keep {
                 tracing::debug!(pipeline, lock = %lock.display(), "letting the store's lock of the pipeline go");
             }
@@ -170,14 +233,29 @@ mod tests {
     }
 
     #[test]
-    fn a_clean_end_lets_go_of_its_pipelines_locks_only() {
+    fn a_clean_end_lets_go_only_of_locks_no_other_run_or_pipeline_needs() {
         let dir = tempfile::tempdir().unwrap();
-        let (mine, theirs) = (dir.path().join("mine.lock"), dir.path().join("theirs.lock"));
-        hold_instance_lock(&mine, "released-p", "mine", "x").unwrap();
-        hold_instance_lock(&theirs, "kept-q", "theirs", "x").unwrap();
-        release_instance_locks("released-p");
-        drop(acquire(&mine, "released-p", "mine", "x").expect("let go"));
-        let err = acquire(&theirs, "kept-q", "theirs", "x").unwrap_err();
-        assert!(err.to_string().contains("already writes into theirs"), "{err}");
+        let (mine, theirs, shared) = (
+            dir.path().join("mine.lock"),
+            dir.path().join("theirs.lock"),
+            dir.path().join("shared.lock"),
+        );
+        let (p, q) = ("released-p", "kept-q");
+        let first = RunGuard::start(p);
+        let second = RunGuard::start(p);
+        let other = RunGuard::start(q);
+        hold_instance_lock(&mine, p, "mine", "x").unwrap();
+        hold_instance_lock(&theirs, q, "theirs", "x").unwrap();
+        hold_instance_lock(&shared, p, "shared", "x").unwrap();
+        hold_instance_lock(&shared, q, "shared", "x").unwrap();
+        let held = |lock: &Path| acquire(lock, "probe", "it", "x").is_err();
+        first.end_cleanly();
+        assert!(held(&mine), "another run of the pipeline still goes on");
+        second.end_cleanly();
+        assert!(!held(&mine), "let go once the last run ended cleanly");
+        assert!(held(&theirs), "another pipeline's lock");
+        assert!(held(&shared), "another pipeline asked for it too");
+        drop(other);
+        assert!(held(&shared), "a run that did not end cleanly keeps its locks");
     }
 }

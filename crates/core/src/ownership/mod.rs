@@ -14,6 +14,6 @@ mod name;
 mod recover;
 
 pub use instance::hold_instance_lock;
-pub(crate) use instance::release_instance_locks;
+pub(crate) use instance::RunGuard;
 pub use name::TransactionNames;
 pub use recover::{plan_recovery, RecoveryPlan};

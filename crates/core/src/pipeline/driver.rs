@@ -347,6 +347,13 @@ impl<E: Effects> Driver<E> {
     /// an id is never used twice, even across crashes), then sends barrier
     /// `checkpoint` into every source subtask.
     async fn trigger(&mut self, checkpoint: CheckpointId) -> Result<(), AttemptFailure> {
+        if self.final_completed {
+            // Nothing comes after the final checkpoint: the attempt ends
+            // once the sinks committed it, and a later one would still be
+            // running (pre-committing, persisting) as it ends.
+            debug!(%checkpoint, "the final checkpoint completed: not triggering another");
+            return Ok(());
+        }
         if self.reserved.is_none_or(|r| checkpoint > r) {
             let upto = CheckpointId(checkpoint.0 + ID_RESERVATION_BLOCK);
             self.effects

@@ -44,8 +44,13 @@ pub(super) trait Effects: Send {
     /// committed everything pending up to `id`. Best effort.
     fn record_committed(&mut self, id: CheckpointId);
 
-    /// Waits until the records started by
-    /// [`record_committed`](Self::record_committed) have landed or failed.
+    /// After [`stop_subtasks`](Self::stop_subtasks) at the end of a
+    /// clean attempt: waits until the records started by
+    /// [`record_committed`](Self::record_committed) have landed or failed,
+    /// the attempt's checkpoint writes have ended and its subtasks are
+    /// gone, so nothing of it acts any more (at most [`CLOSE_TIMEOUT`] for
+    /// the subtasks; one still there after that is noted like a sink that
+    /// did not close).
     async fn settle(&mut self);
 
     /// Injects barrier `checkpoint` into every source subtask of the region.
@@ -174,6 +179,13 @@ impl Effects for RegionEffects<'_> {
         if let Some(recording) = self.recording.take() {
             let _ = recording.await;
         }
+        self.region.wait_for_previous_write().await;
+        let drained =
+            tokio::time::timeout(CLOSE_TIMEOUT, async { while self.tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            warn!("a subtask was still running {CLOSE_TIMEOUT:?} after it was stopped: the next holder of the pipeline waits before it recovers");
+            self.left_open.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     fn trigger(&mut self, checkpoint: CheckpointId) {
@@ -209,9 +221,18 @@ impl Effects for RegionEffects<'_> {
                 self.left_open.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
+        // One deadline for all: the sinks close at the same time.
+        let deadline = tokio::time::Instant::now() + CLOSE_TIMEOUT;
         for answer in answers {
-            let why = match tokio::time::timeout(CLOSE_TIMEOUT, answer).await {
-                Ok(Ok(Ok(()))) => continue,
+            let why = match tokio::time::timeout_at(deadline, answer).await {
+                Ok(Ok(Ok(crate::sink::Closed::Released))) => continue,
+                Ok(Ok(Ok(crate::sink::Closed::Unknown))) => {
+                    // The sink does not say it holds nothing (the trait's
+                    // default): not an error, but no clean hand-over.
+                    tracing::info!("a sink cannot tell whether it let go of everything it held: the next holder of the pipeline waits before it recovers");
+                    self.left_open.store(true, std::sync::atomic::Ordering::Relaxed);
+                    continue;
+                }
                 Ok(Ok(Err(e))) => crate::error::ErrorChain(&e).to_string(),
                 Ok(Err(_)) => "the sink subtask ended without answering".to_string(),
                 Err(_) => format!("no answer within {CLOSE_TIMEOUT:?}"),

@@ -27,7 +27,7 @@ pub(super) enum SinkCommand {
     /// The final checkpoint is committed: close the sink (see
     /// [`TwoPhaseCommitSink::close`](crate::TwoPhaseCommitSink::close)),
     /// answer how it went, and end.
-    Close(tokio::sync::oneshot::Sender<Result<(), ConnectorError>>),
+    Close(tokio::sync::oneshot::Sender<Result<crate::sink::Closed, ConnectorError>>),
 }
 
 /// From the subtasks (and the checkpoint writer) to the driver.

@@ -57,9 +57,6 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
     /// Run by every source subtask on what its source reads.
     transforms: Chain,
-    /// A sink of this run did not close cleanly after its final
-    /// checkpoint: the run does not hand the pipeline over as clean.
-    sinks_left_open: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -125,7 +122,6 @@ impl Pipeline {
             store,
             metrics: Arc::new(Metrics::default()),
             transforms: Chain::default(),
-            sinks_left_open: Default::default(),
         })
     }
 
@@ -204,7 +200,6 @@ impl Pipeline {
         crate::fault::warn_if_ignored();
         let span = info_span!("pipeline", name = %self.config.name);
         tokio::pin!(shutdown);
-        self.sinks_left_open.store(false, std::sync::atomic::Ordering::Relaxed);
         let Some(mut lock) = self.take_lock(&mut shutdown).await? else {
             return Ok(RunSummary {
                 last_checkpoint: None,
@@ -212,12 +207,16 @@ impl Pipeline {
                 metrics: self.metrics.snapshot(),
             });
         };
+        let run = crate::ownership::RunGuard::start(&self.config.name);
+        // Set when a sink of this run did not close cleanly after its
+        // final checkpoint: the run then does not hand over as clean.
+        let left_open = std::sync::atomic::AtomicBool::new(false);
         let regions = self.prepare_layout().instrument(span.clone()).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let runners = futures_util::future::join_all(
             regions
                 .iter()
-                .map(|region| self.run_region(region, stop_rx.clone(), &stop_tx)),
+                .map(|region| self.run_region(region, stop_rx.clone(), &stop_tx, &left_open)),
         )
         .instrument(span);
         tokio::pin!(runners);
@@ -250,10 +249,10 @@ impl Pipeline {
         // Every region stopped after its final checkpoint's commits: tell
         // the next holder (a standby) that nothing of this run acts any
         // more, unless a sink could not close what it holds.
-        if self.sinks_left_open.load(std::sync::atomic::Ordering::Relaxed) {
+        if left_open.load(std::sync::atomic::Ordering::Relaxed) {
             info!(pipeline = %self.config.name, "a sink did not close cleanly: the next holder waits before it recovers");
         } else {
-            crate::ownership::release_instance_locks(&self.config.name);
+            run.end_cleanly();
             match lock.release_cleanly().await {
                 Ok(()) => info!(pipeline = %self.config.name, "stopped cleanly: the pipeline's lock is handed over"),
                 Err(error) => warn!(
@@ -353,6 +352,7 @@ impl Pipeline {
         region: &region::Region,
         stop: tokio::sync::watch::Receiver<bool>,
         stop_all: &tokio::sync::watch::Sender<bool>,
+        left_open: &std::sync::atomic::AtomicBool,
     ) -> Result<Option<crate::record::CheckpointId>, PipelineError> {
         let span = match region.index {
             Some(r) => info_span!("region", region = r),
@@ -366,7 +366,7 @@ impl Pipeline {
         let result = async {
             let mut attempt = 0u32;
             loop {
-                match self.run_attempt(region, stop.clone()).await {
+                match self.run_attempt(region, stop.clone(), left_open).await {
                     Ok(last) => return Ok(last),
                     Err(failure) => {
                         if !failure.retriable {
@@ -410,6 +410,7 @@ impl Pipeline {
         &self,
         region: &region::Region,
         stop: tokio::sync::watch::Receiver<bool>,
+        left_open: &std::sync::atomic::AtomicBool,
     ) -> Result<Option<crate::record::CheckpointId>, AttemptFailure> {
         let mut restored = self.restore(region).await?;
         // The sinks recover while the sources look up their positions (no
@@ -436,7 +437,7 @@ impl Pipeline {
             report_tx: wired.report_tx,
             source_controls: wired.source_controls,
             sink_controls: wired.sink_controls,
-            left_open: &self.sinks_left_open,
+            left_open,
             tasks: wired.tasks,
             recording: None,
         };

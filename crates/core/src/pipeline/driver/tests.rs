@@ -426,6 +426,11 @@ async fn the_final_checkpoint_is_committed_before_the_region_stops() {
         "no sink closes before the final checkpoint is committed: {:?}",
         h.did()
     );
+    assert!(
+        !h.did().contains(&Did::Trigger(3)),
+        "nothing is triggered after the final checkpoint (five intervals passed): {:?}",
+        h.did()
+    );
     h.reports.send(Report::Committed(0, CheckpointId(2))).unwrap();
     let log = h.log.clone();
     assert_eq!(h.result().await.ok(), Some(Some(CheckpointId(2))));
