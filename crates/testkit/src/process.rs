@@ -203,6 +203,32 @@ pub(crate) fn describe_search(extra_dirs: &[PathBuf]) -> String {
     text
 }
 
+/// `$XDG_CACHE_HOME/exactly`, or `~/.cache/exactly` (the temporary
+/// folder without a home): where the install script puts the services'
+/// jars and distributions.
+pub(crate) fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("exactly")
+}
+
+/// `java` from `$JAVA_HOME/bin`, else from `PATH`; `Err` with the places
+/// searched (for a [`TestkitError::BinaryNotFound`]).
+pub(crate) fn find_java() -> std::result::Result<PathBuf, String> {
+    let java_home: Vec<PathBuf> = std::env::var_os("JAVA_HOME")
+        .map(|home| vec![PathBuf::from(home).join("bin")])
+        .unwrap_or_default();
+    java_home
+        .iter()
+        .map(|dir| dir.join("java"))
+        .find(|java| is_executable(java))
+        .or_else(|| find_binary("java", &[]))
+        .ok_or_else(|| describe_search(&java_home))
+}
+
 /// Whether `path` is a regular file (after symlinks) with an execute bit.
 pub(crate) fn is_executable(path: &Path) -> bool {
     fs::metadata(path)

@@ -30,15 +30,7 @@ pub(crate) const SERVICE: &str = "Kafka broker";
 /// `~/.cache/exactly/kafka-<version>/libs`: where the install script puts
 /// the jars.
 pub fn default_libs_dir() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    cache
-        .join("exactly")
-        .join(format!("kafka-{KAFKA_VERSION}"))
-        .join("libs")
+    process::cache_dir().join(format!("kafka-{KAFKA_VERSION}")).join("libs")
 }
 
 /// A Java runtime and a folder of Kafka jars to run it with.
@@ -57,17 +49,7 @@ impl Installation {
         let libs = process::external_address(KAFKA_LIBS_ENV)
             .map(PathBuf::from)
             .unwrap_or_else(default_libs_dir);
-        let java_home: Vec<PathBuf> = std::env::var_os("JAVA_HOME")
-            .map(|home| vec![PathBuf::from(home).join("bin")])
-            .unwrap_or_default();
-        let Some(java) = java_home
-            .iter()
-            .map(|dir| dir.join("java"))
-            .find(|java| process::is_executable(java))
-            .or_else(|| process::find_binary("java", &[]))
-        else {
-            return Err(not_found("java", process::describe_search(&java_home)));
-        };
+        let java = process::find_java().map_err(|searched| not_found("java", searched))?;
         if !has_broker_jar(&libs) {
             return Err(not_found(
                 "kafka_2.13-*.jar",

@@ -27,14 +27,7 @@ pub(crate) const SERVICE: &str = "Schema registry";
 /// `~/.cache/exactly/apicurio-registry-<version>`: where the install script
 /// unpacks the distribution.
 pub fn default_home() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    cache
-        .join("exactly")
-        .join(format!("apicurio-registry-{APICURIO_VERSION}"))
+    process::cache_dir().join(format!("apicurio-registry-{APICURIO_VERSION}"))
 }
 
 /// The runner jar's file name.
@@ -58,17 +51,7 @@ impl Installation {
         let home = process::external_address(SCHEMA_REGISTRY_HOME_ENV)
             .map(PathBuf::from)
             .unwrap_or_else(default_home);
-        let java_home: Vec<PathBuf> = std::env::var_os("JAVA_HOME")
-            .map(|home| vec![PathBuf::from(home).join("bin")])
-            .unwrap_or_default();
-        let Some(java) = java_home
-            .iter()
-            .map(|dir| dir.join("java"))
-            .find(|java| process::is_executable(java))
-            .or_else(|| process::find_binary("java", &[]))
-        else {
-            return Err(not_found("java", process::describe_search(&java_home)));
-        };
+        let java = process::find_java().map_err(|searched| not_found("java", searched))?;
         let jar = runner_jar(&home).ok_or_else(|| {
             not_found(
                 "apicurio-registry-app-*-runner.jar",
