@@ -114,6 +114,9 @@ pub struct PipelineFile {
     /// `[metrics]`: the Prometheus and health endpoint.
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// `[workers]`: this process is one of several that share the
+    /// pipeline's regions (needs `[checkpoint] store = { postgres = … }`).
+    pub workers: Option<WorkersSection>,
     /// The connectors beyond the built-in ones this file was read with
     /// (see [`PipelineFile::load_with`]).
     #[serde(skip)]
@@ -122,6 +125,39 @@ pub struct PipelineFile {
     /// ([`PluginContext::base_dir`]).
     #[serde(skip)]
     base_dir: Option<PathBuf>,
+}
+
+/// `[workers]`: run the pipeline as one of several processes, on one
+/// machine or several, that share its regions under leases in the
+/// PostgreSQL checkpoint store. Every setting has a default (an empty
+/// `[workers]` is enough).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkersSection {
+    /// How long a region's lease runs on the database's clock after each
+    /// renewal (default 3s): bounds the failover after a worker dies.
+    pub lease_term: Option<HumanDuration>,
+    /// How often a worker renews its leases (default 1s).
+    pub renew_every: Option<HumanDuration>,
+    /// How much before its lease can run out a worker stops acting, by its
+    /// own clock (default 500ms).
+    pub margin: Option<HumanDuration>,
+    /// How often a worker reads the leases to claim free regions (default
+    /// 250ms).
+    pub poll: Option<HumanDuration>,
+}
+
+impl WorkersSection {
+    /// The lease settings.
+    pub fn settings(&self) -> exactly_core::membership::LeaseSettings {
+        let d = exactly_core::membership::LeaseSettings::default();
+        exactly_core::membership::LeaseSettings {
+            term: self.lease_term.map_or(d.term, |t| t.0),
+            renew_every: self.renew_every.map_or(d.renew_every, |t| t.0),
+            margin: self.margin.map_or(d.margin, |t| t.0),
+            poll: self.poll.map_or(d.poll, |t| t.0),
+        }
+    }
 }
 
 /// `[metrics]`: where `/metrics`, `/health/live` and `/health/ready` are
@@ -549,6 +585,30 @@ impl PipelineFile {
                 }
             }
         }
+        if let Some(workers) = &self.workers {
+            if self.checkpoint.store.is_none() {
+                return invalid(
+                    "workers",
+                    "needs a checkpoint store every worker reaches: set checkpoint.store = { postgres = \"…\" } \
+                     (the folder store serves one process; drop [workers] to run the pipeline in one)",
+                );
+            }
+            if self.failover != Failover::Region {
+                return invalid(
+                    "workers",
+                    "shares the regions of failover = \"region\" (the default) among workers",
+                );
+            }
+            if self.checkpoint.standby {
+                return invalid(
+                    "checkpoint.standby",
+                    "is not needed with [workers]: a worker that owns no region is a hot standby already",
+                );
+            }
+            if let Err(problem) = workers.settings().validate() {
+                return invalid("workers", &problem);
+            }
+        }
         if let Some(s) = &self.restart.strategy {
             if !["exponential", "fixed", "none"].contains(&s.as_str()) {
                 return invalid("restart.strategy", "must be \"exponential\", \"fixed\" or \"none\"");
@@ -626,6 +686,7 @@ impl PipelineFile {
         config.allow_first_start = c.allow_first_start;
         config.allow_fallback = c.allow_fallback;
         config.standby = c.standby.then_some(STANDBY_POLL);
+        config.workers = self.workers.as_ref().map(WorkersSection::settings);
         config.checkpoint = CheckpointConfig {
             interval: c.interval.map_or(defaults.interval, |d| d.0),
             min_pause: c.min_pause.map_or(defaults.min_pause, |d| d.0),

@@ -57,6 +57,9 @@ pub const METRIC_NAMES: &[(&str, &str, &str, &str)] = &[
     ("exactly_standby", "gauge", "", "1 while the process waits as a hot standby for the pipeline's lock (`--standby`)"),
     ("exactly_takeovers_total", "counter", "", "times this process took the pipeline over as a hot standby"),
     ("exactly_clean_takeovers_total", "counter", "", "of those, after a clean hand-over (the holder stopped with its last commits and closed its sinks: no grace waited)"),
+    ("exactly_regions_claimed_total", "counter", "", "regions this worker claimed (`[workers]`; each claim raised the region's epoch, fencing its previous owner)"),
+    ("exactly_regions_dropped_total", "counter", "", "regions this worker stopped acting on without a hand-over: taken by another worker, or its lease's deadline passed (a freeze, a cut-off)"),
+    ("exactly_regions_owned", "gauge", "", "regions this worker owns and acts on now (`[workers]`)"),
     ("exactly_fenced_writes_total", "counter", "", "checkpoint writes refused for their epoch (a newer owner took the region; the attempt dropped it without committing)"),
     ("exactly_consumer_lag_records", "gauge", "topic, partition", "end offset minus the latest checkpoint's position (Kafka source)"),
     ("exactly_kafka_sink_lost_transactions_total", "counter", "", "pre-committed Kafka transactions the broker refused to commit (Kafka sink, on_lost_transaction = \"warn\")"),
@@ -229,7 +232,7 @@ pub fn registry(observed: &Observed) -> Registry {
         pending,
     );
 
-    let counters: [(&str, &str, u64); 13] = [
+    let counters: [(&str, &str, u64); 15] = [
         (
             "dead_letters",
             "Records sent to the sink's dead-letter destination",
@@ -287,6 +290,16 @@ pub fn registry(observed: &Observed) -> Registry {
             "Checkpoint writes refused for their epoch (a newer owner took the region)",
             s.fenced_writes,
         ),
+        (
+            "regions_claimed",
+            "Regions this worker claimed (each claim raised the region's epoch)",
+            s.regions_claimed,
+        ),
+        (
+            "regions_dropped",
+            "Regions this worker stopped acting on without a hand-over (taken by another worker, or its lease deadline passed)",
+            s.regions_dropped,
+        ),
     ];
     for (name, help, value) in counters {
         registry.register(name, help, counter(value));
@@ -332,6 +345,11 @@ pub fn registry(observed: &Observed) -> Registry {
         "standby",
         "1 while the process waits as a hot standby for the pipeline's lock",
         gauge(i64::from(m.is_standby())),
+    );
+    registry.register(
+        "regions_owned",
+        "Regions this worker owns and acts on now ([workers])",
+        gauge(s.regions_owned as i64),
     );
 
     let regions = m.regions();

@@ -98,8 +98,37 @@ pub struct StatusReport {
     pub consumer_lag: Option<Vec<PartitionLag>>,
     /// The sum of `consumer_lag`.
     pub total_lag: Option<i64>,
+    /// With `[workers]`: the live workers and who leases which region
+    /// (`None` without `[workers]`, or when the leases cannot be read).
+    pub workers: Option<WorkersStatus>,
     /// What could not be read, with the fix.
     pub problems: Vec<String>,
+}
+
+/// The workers of a pipeline with `[workers]`, as the store's clock sees
+/// them.
+#[derive(Debug, Serialize)]
+pub struct WorkersStatus {
+    /// Every membership row: the worker (`host:pid:tag`) and the seconds
+    /// until its membership runs out (negative: ran out, a dead worker).
+    pub members: Vec<(String, f64)>,
+    /// Per region: its lease.
+    pub regions: Vec<LeaseStatus>,
+}
+
+/// One region's lease.
+#[derive(Debug, Serialize)]
+pub struct LeaseStatus {
+    /// The region.
+    pub region: usize,
+    /// The worker holding the lease (`None`: free, released or never
+    /// claimed).
+    pub owner: Option<String>,
+    /// The region's epoch (raised by every claim).
+    pub epoch: u64,
+    /// Seconds until the lease runs out on the store's clock (negative:
+    /// ran out; its next claimant fences the owner).
+    pub expires_in_seconds: f64,
 }
 
 /// Who holds the pipeline's lock.
@@ -246,7 +275,18 @@ pub async fn status(file: &PipelineFile) -> anyhow::Result<StatusReport> {
         }
         SourceSection::Sequence(_) | SourceSection::Plugin(_) => None,
     };
+    let workers = match (&file.workers, store.leases()) {
+        (Some(_), Some(leases)) => match leases.view(file.parallelism).await {
+            Ok(view) => Some(workers_status(&view)),
+            Err(e) => {
+                problems.push(format!("cannot read the workers' leases: {}", redact(&e.to_string())));
+                None
+            }
+        },
+        _ => None,
+    };
     Ok(StatusReport {
+        workers,
         pipeline: file.name.clone(),
         folder,
         running: match &file.checkpoint.store {
@@ -259,6 +299,29 @@ pub async fn status(file: &PipelineFile) -> anyhow::Result<StatusReport> {
         consumer_lag,
         problems,
     })
+}
+
+/// The membership and lease rows as seconds from the store's `now`.
+fn workers_status(view: &exactly_core::membership::View) -> WorkersStatus {
+    let from_now = |t: exactly_core::membership::DbTime| (t.0 as f64 - view.now.0 as f64) / 1000.0;
+    WorkersStatus {
+        members: view
+            .members
+            .iter()
+            .map(|m| (m.worker.0.clone(), from_now(m.expires)))
+            .collect(),
+        regions: view
+            .leases
+            .iter()
+            .enumerate()
+            .map(|(region, lease)| LeaseStatus {
+                region,
+                owner: lease.owner.as_ref().map(|w| w.0.clone()),
+                epoch: lease.epoch.0,
+                expires_in_seconds: from_now(lease.expires),
+            })
+            .collect(),
+    }
 }
 
 /// Whether `value` holds the string `name` anywhere (a committable naming
@@ -403,6 +466,29 @@ pub fn render_text(r: &StatusReport) -> String {
         (None, _) => "running: unknown (no /proc/locks, or the store cannot be asked)".into(),
     };
     let _ = writeln!(out, "{running}");
+    if let Some(w) = &r.workers {
+        let live = w.members.iter().filter(|(_, left)| *left >= 0.0).count();
+        let _ = writeln!(out, "workers: {live} live");
+        for (worker, left) in &w.members {
+            let state = if *left >= 0.0 { "live" } else { "gone" };
+            let _ = writeln!(out, "  {worker:<40} {state} (membership {left:+.1} s)");
+        }
+        for l in &w.regions {
+            let _ = match &l.owner {
+                Some(owner) if l.expires_in_seconds >= 0.0 => writeln!(
+                    out,
+                    "  region {}: owned by {owner}, epoch {}, lease runs out in {:.1} s",
+                    l.region, l.epoch, l.expires_in_seconds
+                ),
+                Some(owner) => writeln!(
+                    out,
+                    "  region {}: lease of {owner} ran out {:.1} s ago (epoch {}): the next claim fences it",
+                    l.region, -l.expires_in_seconds, l.epoch
+                ),
+                None => writeln!(out, "  region {}: free (epoch {})", l.region, l.epoch),
+            };
+        }
+    }
     for s in &r.checkpoints {
         let scope = s.region.map_or_else(String::new, |i| format!("region {i}: "));
         match &s.latest {

@@ -411,6 +411,8 @@ pub fn file_sink_into(out: &Path) -> String {
 
 /// Kafka → PostgreSQL orders: topics, a feed, pipeline files, table checks.
 pub mod orders;
+/// A run of the binary in the background.
+pub mod run;
 
 /// `/metrics` and the health endpoints of a run.
 pub mod scrape;

@@ -26,11 +26,17 @@ pub struct Scrape {
 
 impl Scrape {
     pub fn take(base: &str) -> Scrape {
-        let (status, text) = get(&format!("{base}/metrics")).expect("the metrics endpoint answers");
+        Scrape::try_take(base).expect("the metrics endpoint answers")
+    }
+
+    /// A scrape, or `None` while the endpoint does not answer (a run that
+    /// is starting).
+    pub fn try_take(base: &str) -> Option<Scrape> {
+        let (status, text) = get(&format!("{base}/metrics"))?;
         assert_eq!(status, 200, "{text}");
         let parsed = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
             .unwrap_or_else(|e| panic!("not the Prometheus text format ({e}):\n{text}"));
-        Scrape { text, parsed }
+        Some(Scrape { text, parsed })
     }
 
     /// The sum of `metric` over its series whose labels include `labels`.

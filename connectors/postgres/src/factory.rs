@@ -163,6 +163,14 @@ impl SinkFactory for PostgresSinkFactory {
         }
     }
 
+    /// Mode `two-phase` fences zombies with a fence row per subtask in the
+    /// sink's database (read `FOR SHARE` before every `PREPARE`, raised by
+    /// each new owner's recovery); modes `upsert` and `fenced` do not (a
+    /// zombie's late upsert could overwrite a newer row).
+    fn fences_zombies(&self) -> bool {
+        self.settings.mode == SinkMode::TwoPhase
+    }
+
     /// The pipeline's prepared transactions of the table, from
     /// `pg_prepared_xacts` (none in modes `upsert` and `fenced`).
     fn prepared_transactions<'a>(&'a self, pipeline: &'a str) -> exactly_core::PreparedTransactionsFuture<'a> {

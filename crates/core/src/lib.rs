@@ -49,8 +49,8 @@ mod transform;
 pub use error::{BoxError, ConnectorError, ErrorChain};
 pub use record::{CheckpointId, Record, SplitPositions};
 pub use sink::{
-    erase, Closed, ErasedSink, PreparedTransaction, PreparedTransactionsFuture, ReplayCheck, SinkContext, SinkFactory,
-    TwoPhaseCommitSink,
+    erase, Closed, ErasedSink, Ownership, PreparedTransaction, PreparedTransactionsFuture, ReplayCheck, SinkContext,
+    SinkFactory, TwoPhaseCommitSink,
 };
 pub use source::{Poll, SequenceSourceFactory, Source, SourceFactory};
 pub use split_name::SplitName;

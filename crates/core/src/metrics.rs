@@ -247,6 +247,9 @@ pub struct Metrics {
     fenced_writes: AtomicU64,
     takeovers: AtomicU64,
     clean_takeovers: AtomicU64,
+    regions_claimed: AtomicU64,
+    regions_dropped: AtomicU64,
+    regions_owned: AtomicU64,
     subtasks: RwLock<Vec<Arc<SubtaskCounters>>>,
     regions: RwLock<BTreeMap<usize, Arc<CheckpointStats>>>,
     /// Waiting as a hot standby for the pipeline's lock.
@@ -305,6 +308,15 @@ pub struct MetricsSnapshot {
     pub takeovers: u64,
     /// Of those, the ones after a clean hand-over (no grace waited).
     pub clean_takeovers: u64,
+    /// Regions this process (a worker) claimed: each claim raised the
+    /// region's epoch, fencing its previous owner.
+    pub regions_claimed: u64,
+    /// Regions this worker stopped acting on without handing them over: a
+    /// write refused for its epoch (another worker took the region), or
+    /// its lease's deadline passed (frozen, cut off, a slow store).
+    pub regions_dropped: u64,
+    /// Regions this worker owns and acts on now.
+    pub regions_owned: u64,
     /// Transactions pre-committed and not committed yet, all sink subtasks.
     pub pending_transactions: u64,
 }
@@ -449,6 +461,15 @@ impl Metrics {
     pub(crate) fn fenced_write(&self) {
         self.fenced_writes.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn region_claimed(&self) {
+        self.regions_claimed.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn region_dropped(&self) {
+        self.regions_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn set_regions_owned(&self, n: usize) {
+        self.regions_owned.store(n as u64, Ordering::Relaxed);
+    }
     pub(crate) fn took_over(&self, clean: bool) {
         self.takeovers.fetch_add(1, Ordering::Relaxed);
         if clean {
@@ -513,6 +534,9 @@ impl Metrics {
             fenced_writes: self.fenced_writes.load(Ordering::Relaxed),
             takeovers: self.takeovers.load(Ordering::Relaxed),
             clean_takeovers: self.clean_takeovers.load(Ordering::Relaxed),
+            regions_claimed: self.regions_claimed.load(Ordering::Relaxed),
+            regions_dropped: self.regions_dropped.load(Ordering::Relaxed),
+            regions_owned: self.regions_owned.load(Ordering::Relaxed),
             store_cleanup_failures: self.store_cleanup_failures.load(Ordering::Relaxed),
             pending_transactions: self.subtasks().iter().map(|s| s.pending_transactions).sum(),
         }

@@ -48,6 +48,26 @@ pub struct SinkContext {
     /// markers by it (see [`RestorableCheckpoints`](crate::RestorableCheckpoints)). Unknown in a context built
     /// with [`SinkContext::new`] until set.
     pub restorable: crate::retention::RestorableCheckpoints,
+    /// How this process owns the subtask's region when several processes
+    /// share the pipeline (workers); `None` when one process runs it under
+    /// the store's lock. A sink that [fences zombies](SinkFactory::fences_zombies)
+    /// makes its own store refuse, from `recover` on, every prepare by a
+    /// holder of an older epoch.
+    pub ownership: Option<Ownership>,
+}
+
+/// A worker's ownership of a sink subtask's region (see
+/// [`SinkContext::ownership`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    /// The region's epoch, raised by this worker's claim: every owner
+    /// before it holds a lower one.
+    pub epoch: crate::membership::Epoch,
+    /// The first checkpoint this ownership may begin; every checkpoint id
+    /// an earlier owner could have used is below it. `recover` rolls back
+    /// only transactions of checkpoints below it, so the late recovery of a
+    /// frozen earlier owner (a zombie) cannot touch this owner's work.
+    pub first_checkpoint: CheckpointId,
 }
 
 impl SinkContext {
@@ -66,7 +86,15 @@ impl SinkContext {
             metrics,
             adopted: Vec::new(),
             restorable: Default::default(),
+            ownership: None,
         }
+    }
+
+    /// The same context, owned as `ownership` says (see
+    /// [`SinkContext::ownership`]).
+    pub fn with_ownership(mut self, ownership: Ownership) -> Self {
+        self.ownership = Some(ownership);
+        self
     }
 
     /// The same context, reading the oldest restorable checkpoint from
@@ -278,6 +306,20 @@ pub trait SinkFactory: Send + Sync + 'static {
     ///
     /// The default answers `false`.
     fn accepts_repeated_coordinates(&self) -> bool {
+        false
+    }
+
+    /// Whether the sink's own store refuses a zombie: given
+    /// [`SinkContext::ownership`], once a subtask was recovered under an epoch,
+    /// no holder of an older epoch can prepare, commit or roll back
+    /// anything there that outlives its ownership (a PostgreSQL fence row,
+    /// Kafka's producer epochs). Several processes may share a pipeline
+    /// (workers) only with such a sink: the checkpoint store's epochs keep
+    /// a zombie from persisting, but only the sink's store can keep it
+    /// from preparing.
+    ///
+    /// The default answers `false`.
+    fn fences_zombies(&self) -> bool {
         false
     }
 

@@ -284,4 +284,8 @@ impl CheckpointStore for PgCheckpointStore {
         let name = format!("exactly {}", exactly_core::store::this_process());
         crate::lock::take(&self.target, &self.pipeline, &name, &self.location(), &self.spare).await
     }
+
+    fn leases(&self) -> Option<Arc<dyn exactly_core::membership::LeaseStore>> {
+        Some(Arc::new(PgCheckpointStore::leases(self)))
+    }
 }

@@ -150,6 +150,17 @@ impl SinkFactory for KafkaSinkFactory {
         .map_err(|problem| ConnectorError::fatal(format!("kafka sink {}", self.settings.label), problem))
     }
 
+    /// The broker fences zombies: a new owner's recovery ends the listed
+    /// transactions and calls InitProducerId on every other transactional
+    /// id of the subtask's pool, which bumps the producer epoch (an earlier
+    /// owner's produce, AddPartitionsToTxn and EndTxn are refused with
+    /// PRODUCER_FENCED); and an earlier owner commits only after a
+    /// checkpoint write under its own epoch, which the checkpoint store
+    /// refuses once the region was claimed.
+    fn fences_zombies(&self) -> bool {
+        true
+    }
+
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
         let ids = self.transactional_ids(context.subtask);
         Ok(erase(KafkaSink::new(self.settings.clone(), context, ids)))

@@ -49,7 +49,30 @@ fn process_tag() -> &'static str {
 /// become `?`) and at most 63 bytes (the pipeline name is cut), so the server
 /// keeps it as it is and a lock holder is recognisable in `pg_stat_activity`.
 pub(crate) fn application_name(pipeline: &str) -> String {
-    let suffix = format!(" {}", process_tag());
+    named(pipeline, "")
+}
+
+/// The `application_name` of a worker's connections for sink subtask
+/// `subtask` owned under `epoch`: `exactly <pipeline> s<subtask>e<epoch>
+/// pid=<pid>.<tag>`, so a newer owner can tell a zombie's sessions apart
+/// ([`owned_by`]).
+pub(crate) fn owned_application_name(pipeline: &str, subtask: usize, epoch: u64) -> String {
+    named(pipeline, &format!(" s{subtask}e{epoch}"))
+}
+
+/// The epoch of a worker's session of sink subtask `subtask` of
+/// `pipeline`, read from its `application_name` (see
+/// [`owned_application_name`]).
+pub(crate) fn owned_by(name: &str, pipeline: &str, subtask: usize) -> Option<u64> {
+    let plain = application_name(pipeline);
+    let head = plain.rsplit_once(" pid=")?.0;
+    let rest = name.strip_prefix(head)?;
+    let mark = rest.strip_prefix(&format!(" s{subtask}e"))?;
+    mark.split_once(' ')?.0.parse().ok()
+}
+
+fn named(pipeline: &str, mark: &str) -> String {
+    let suffix = format!("{mark} {}", process_tag());
     let room = MAX_APPLICATION_NAME - "exactly ".len() - suffix.len();
     let name: String = pipeline
         .chars()
@@ -72,5 +95,18 @@ mod tests {
         assert!(long.len() <= MAX_APPLICATION_NAME, "{} bytes", long.len());
         assert!(long.is_ascii() && long.starts_with("exactly ???"), "{long}");
         assert!(long.ends_with(process_tag()), "the tag survives the cut: {long}");
+    }
+
+    #[test]
+    fn a_workers_session_names_its_subtask_and_epoch() {
+        let name = owned_application_name("orders-to-pg", 3, 17);
+        assert!(name.starts_with("exactly orders-to-pg s3e17 pid="), "{name}");
+        assert_eq!(owned_by(&name, "orders-to-pg", 3), Some(17));
+        assert_eq!(owned_by(&name, "orders-to-pg", 4), None);
+        assert_eq!(owned_by(&name, "orders", 3), None);
+        assert_eq!(owned_by(&application_name("orders-to-pg"), "orders-to-pg", 3), None);
+        let long = owned_application_name(&"p".repeat(100), 5, 9);
+        assert!(long.len() <= MAX_APPLICATION_NAME, "{long}");
+        assert_eq!(owned_by(&long, &"p".repeat(100), 5), Some(9));
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use exactly_core::{ConnectorError, SinkContext};
 
-use super::connect::application_name;
+use super::connect::{application_name, owned_application_name};
 use super::copy::CopyError;
 use super::error::classify;
 use crate::config::Settings;
@@ -21,7 +21,10 @@ pub(crate) struct Subtask {
 impl Subtask {
     /// The `application_name` of this sink's connections.
     pub(crate) fn application_name(&self) -> String {
-        application_name(&self.context.pipeline)
+        match self.context.ownership {
+            Some(owned) => owned_application_name(&self.context.pipeline, self.context.subtask, owned.epoch.0),
+            None => application_name(&self.context.pipeline),
+        }
     }
 
     /// `postgres sink <table> (subtask <n>): <action>`, the context of errors.

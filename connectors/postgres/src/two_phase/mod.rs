@@ -8,6 +8,7 @@
 //! writer       the write connection: subtask locks, BEGIN, the open COPY of rows, PREPARE
 //! committer    the commit connection: COMMIT PREPARED, merge of staged rows, marker pruning
 //! recover      commit what the checkpoint lists, roll back the rest the subtask owns
+//! fence        with several workers: the subtask's epoch in the sink's database
 //! rejected     rows the server refuses at the end of a COPY, found and sent to the dead letters
 //! gid          transaction names
 //! markers      which commit markers may be deleted
@@ -16,6 +17,7 @@
 //! ```
 
 mod committer;
+mod fence;
 pub(crate) mod gid;
 mod io_faults;
 mod markers;

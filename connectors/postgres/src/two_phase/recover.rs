@@ -56,9 +56,13 @@ impl PostgresSink {
             self.owned.extend_from_slice(&orphans);
         }
 
+        // A worker rolls back only transactions below its first checkpoint:
+        // a newer owner's are above it (see `fence`).
+        let first = self.subtask.context.ownership.map(|o| o.first_checkpoint.0);
         let owned: Vec<String> = prepared
             .iter()
             .filter(|p| self.owned.contains(&p.subtask))
+            .filter(|p| first.is_none_or(|first| checkpoint_of(&p.gid).is_some_and(|c| c < first)))
             .map(|p| p.gid.clone())
             .collect();
         let plan = plan_recovery(pending, |c| c.gid.clone(), owned);

@@ -20,6 +20,7 @@ use exactly_core::{CheckpointId, ConnectorError, Record, ReplayCheck, SinkContex
 use tokio_postgres::types::ToSql;
 
 use super::committer::{checkpoint_i64, Committer};
+use super::fence;
 use super::gid::{gid, gid_prefix};
 use super::io_faults;
 use super::markers::MarkerFloor;
@@ -595,6 +596,37 @@ impl PostgresSink {
         self.committer.prune_markers(&owned, floor, retention).await;
     }
 
+    /// A worker's recovery: raises the owned subtasks' fence rows to
+    /// `epoch` (see [`super::fence`]); while an older owner's transaction
+    /// holds one, ends what it may (commits what `pending` lists, rolls
+    /// back the rest below its first checkpoint, ends older owners' open
+    /// transactions) and tries again, a bounded number of times.
+    async fn raise_fence(&mut self, pending: &[PostgresCommittable], epoch: u64) -> Result<(), ConnectorError> {
+        let owned = self.owned_i32();
+        fence::create(self.committer.client().await?, &self.subtask).await?;
+        let mut tries = 0;
+        loop {
+            let client = self.committer.client().await?;
+            match fence::raise(client, &self.subtask, &owned, epoch).await? {
+                fence::Raise::Done => {
+                    tracing::info!(%epoch, "raised the subtask's fence: no earlier owner can prepare any more");
+                    return Ok(());
+                }
+                fence::Raise::Blocked => {
+                    tries += 1;
+                    if let Some(e) = fence::gave_up(&self.subtask, tries) {
+                        return Err(e);
+                    }
+                    tracing::info!(%epoch, tries, "an earlier owner's transaction holds the fence: ending it");
+                    self.recover_owned(pending).await?;
+                    let client = self.committer.client().await?;
+                    fence::end_older_sessions(client, &self.subtask, epoch).await?;
+                    tokio::time::sleep(fence::RAISE_PAUSE).await;
+                }
+            }
+        }
+    }
+
     /// The owned subtasks as the commit log stores them.
     pub(super) fn owned_i32(&self) -> Vec<i32> {
         self.owned
@@ -680,6 +712,9 @@ impl TwoPhaseCommitSink for PostgresSink {
             // the transactions recovery commits, now).
             Targets::ByTopic(_) => prepare_commit_log(client, &settings).await?,
         };
+        if let Some(owned) = self.subtask.context.ownership {
+            self.raise_fence(pending, owned.epoch.0).await?;
+        }
         self.recover_owned(pending).await?;
         // Nothing of this pipeline holds staged rows now: staging tables of
         // older versions get the columns they lack.

@@ -133,6 +133,10 @@ impl Writer {
     /// connection is gone: its later writes and its pre-commit fail.
     pub(super) async fn lock(&mut self, owned: &[usize]) -> Result<(), ConnectorError> {
         let up = self.client.as_ref().is_some_and(|c| !c.is_closed());
+        // A worker's subtask is guarded by its epoch fence instead (see
+        // `fence`): a frozen earlier owner's session may hold the lock.
+        let fenced = self.subtask.context.ownership.is_some();
+        let owned = if fenced { &[][..] } else { owned };
         if up && self.locks.len() == owned.len() {
             return Ok(());
         }
@@ -158,6 +162,9 @@ impl Writer {
     /// Also takes the locks of `subtasks` on the write connection (orphans
     /// found by `recover`).
     pub(super) async fn lock_more(&mut self, subtasks: &[usize]) -> Result<(), ConnectorError> {
+        if self.subtask.context.ownership.is_some() {
+            return Ok(());
+        }
         let locks = lock_subtasks(self.client()?, &self.subtask, subtasks, self.instance).await?;
         self.locks.extend(locks);
         Ok(())
@@ -390,6 +397,11 @@ impl Writer {
     ) -> Result<(), ConnectorError> {
         self.finish_unrefused(checkpoint).await?;
         let client = self.client()?;
+        if let Some(owned) = self.subtask.context.ownership {
+            // Refused: the transaction stays open; `begin` or `recover`
+            // rolls it back.
+            super::fence::check(client, &self.subtask, owned.epoch.0).await?;
+        }
         let result = async {
             client.execute(marker, params).await?;
             let prepare = format!("PREPARE TRANSACTION {}", quote_literal(gid));

@@ -4,6 +4,7 @@
 
 use super::{
     parse_spec, ABORT_PENDING_ON_RECOVER_ENV, CRASH_AT_ENV, CRASH_MARKER, DELAY_AT_ENV, DELAY_MARKER, FAIL_AT_ENV,
+    STOP_AT_ENV, STOP_MARKER,
 };
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -126,7 +127,35 @@ pub fn fail_at(name: &str, subtask: usize) -> Result<(), crate::ConnectorError> 
 
 /// How long to pause at `name`, when `EXACTLY_DELAY_AT` selects this point
 /// and hit.
+fn stop_plan() -> Option<&'static Plan> {
+    static PLAN: OnceLock<Option<Plan>> = OnceLock::new();
+    PLAN.get_or_init(|| std::env::var(STOP_AT_ENV).ok().map(|spec| Plan::parse(&spec)))
+        .as_ref()
+}
+
+/// Stops the whole process with SIGSTOP when `EXACTLY_STOP_AT` selects
+/// this point and hit; it goes on when it gets SIGCONT.
+fn stop_if_planned(name: &str, subtask: Option<usize>) {
+    let Some(plan) = stop_plan() else { return };
+    if let Some(hit) = plan.hit(name, subtask) {
+        tracing::warn!(
+            point = name,
+            ?subtask,
+            hit,
+            "stop point reached: freezing the process (SIGSTOP)"
+        );
+        let subtask = subtask.map_or("-".to_string(), |s| s.to_string());
+        eprintln!("{STOP_MARKER} point={name} subtask={subtask} hit={hit}");
+        // SAFETY: raise has no memory-safety preconditions.
+        unsafe {
+            libc::raise(libc::SIGSTOP);
+        }
+        tracing::warn!(point = name, "thawed (SIGCONT) after the stop point");
+    }
+}
+
 fn delay(name: &str, subtask: Option<usize>) -> Option<Duration> {
+    stop_if_planned(name, subtask);
     let (plan, duration) = delay_plan()?;
     let hit = plan.hit(name, subtask)?;
     tracing::warn!(point = name, ?subtask, hit, ?duration, "delay point reached: pausing");
@@ -179,6 +208,7 @@ pub fn point_at(name: &str, subtask: usize) {
 }
 
 fn crash_if_planned(name: &str, subtask: Option<usize>) {
+    stop_if_planned(name, subtask);
     let Some(plan) = plan() else { return };
     if let Some(hit) = plan.hit(name, subtask) {
         tracing::error!(

@@ -58,6 +58,14 @@
 //!
 //! Points used by the runtime:
 //!
+//! A fourth variable freezes the whole process at a point instead, as a
+//! VM pause, a long GC-like stall or `SIGSTOP` would:
+//! `EXACTLY_STOP_AT=<point>[@<subtask>][:<nth>]` writes
+//! `EXACTLY_STOP_POINT_REACHED point=<point> subtask=<n|-> hit=<n>` to
+//! stderr and stops the process with `SIGSTOP` at that hit of any point
+//! (crash or delay point); the test sends `SIGCONT` when it wants the
+//! process back (a worker frozen past its lease at a chosen phase).
+//!
 //! | point | phase |
 //! |---|---|
 //! | `source.after_emit` | while writing: records handed to sinks, no checkpoint yet |
@@ -109,8 +117,18 @@ pub const FAIL_AT_ENV: &str = "EXACTLY_FAIL_AT";
 /// in a pipeline file, and only a build with fault injection reads it.
 pub const ABORT_PENDING_ON_RECOVER_ENV: &str = "EXACTLY_TEST_ABORT_PENDING_ON_RECOVER";
 
+/// Environment variable naming the point where the process stops itself
+/// with `SIGSTOP`: `<point>[@<subtask>][:<nth hit>]`.
+pub const STOP_AT_ENV: &str = "EXACTLY_STOP_AT";
+
 /// Every variable this module reads (in a build with fault injection).
-pub const VARIABLES: [&str; 4] = [CRASH_AT_ENV, DELAY_AT_ENV, FAIL_AT_ENV, ABORT_PENDING_ON_RECOVER_ENV];
+pub const VARIABLES: [&str; 5] = [
+    CRASH_AT_ENV,
+    DELAY_AT_ENV,
+    FAIL_AT_ENV,
+    ABORT_PENDING_ON_RECOVER_ENV,
+    STOP_AT_ENV,
+];
 
 /// Start of the line a process writes to stderr right before a crash
 /// point kills it: `<marker> point=<name> subtask=<index or -> hit=<n>`.
@@ -119,6 +137,9 @@ pub const CRASH_MARKER: &str = "EXACTLY_CRASH_POINT_REACHED";
 /// delay point (`<marker> point=<point> subtask=<n|-> hit=<n>`), before the
 /// pause: the crash kit waits for it to act while the process is held.
 pub const DELAY_MARKER: &str = "EXACTLY_DELAY_POINT_REACHED";
+/// What a build with fault injection writes to stderr right before it
+/// stops itself at the point [`STOP_AT_ENV`] names.
+pub const STOP_MARKER: &str = "EXACTLY_STOP_POINT_REACHED";
 
 /// Splits a point spec `<point>[@<subtask>][:<nth hit, default 1>]` (the
 /// value of [`CRASH_AT_ENV`], and of the other variables before their `=`

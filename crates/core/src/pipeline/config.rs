@@ -114,6 +114,13 @@ pub struct PipelineConfig {
     /// at once; take over (recovery from the store's latest checkpoints)
     /// as soon as it is free. `None` (the default) refuses at once.
     pub standby: Option<std::time::Duration>,
+    /// Run as one worker among several processes of this pipeline: the
+    /// regions are shared among the workers under leases in the checkpoint
+    /// store ([`CheckpointStore::leases`](crate::store::CheckpointStore::leases)),
+    /// each owned under a fencing epoch (see [`crate::membership`]).
+    /// `None` (the default): one process runs every region, under the
+    /// store's lock.
+    pub workers: Option<crate::membership::LeaseSettings>,
 }
 
 impl PipelineConfig {
@@ -133,6 +140,7 @@ impl PipelineConfig {
             allow_first_start: false,
             allow_fallback: false,
             standby: None,
+            workers: None,
         }
     }
 
@@ -152,6 +160,20 @@ impl PipelineConfig {
         }
         if self.checkpoint.timeout.is_zero() {
             return bad("checkpoint.timeout must be greater than zero");
+        }
+        if let Some(workers) = &self.workers {
+            workers.validate().map_err(PipelineError::Config)?;
+            if self.failover != Failover::Region {
+                return bad(
+                    "workers share a pipeline's regions, and global failover has one: use failover = \"region\" \
+                     with workers",
+                );
+            }
+            if self.standby.is_some() {
+                return bad(
+                    "a worker that owns nothing is already a hot standby: drop `standby` (or `--standby`) with workers",
+                );
+            }
         }
         Ok(())
     }

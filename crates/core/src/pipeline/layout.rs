@@ -69,6 +69,43 @@ impl Pipeline {
             .collect())
     }
 
+    /// The regions to run as one worker of several: the store's layout must
+    /// be the configured one (recorded now on a first start; several workers
+    /// starting at once record the same). A change of layout carries every
+    /// sequence over, which one process must do alone.
+    pub(super) async fn prepare_worker_layout(&self) -> Result<Vec<Region>, PipelineError> {
+        let wanted = self.layout();
+        let recorded = self.store.layout().await.map_err(|e| self.access_failure(e))?;
+        let moved = |now: Layout| {
+            PipelineError::Config(format!(
+                "the checkpoints in {} are laid out for {now}, and this worker runs {wanted}: a change of the \
+                 parallelism or the failover carries every checkpoint sequence over, which one process must do \
+                 alone. Fix: stop every worker, run the pipeline once without [workers] (it carries the \
+                 checkpoints over; stop it after its first checkpoint), then start the workers again",
+                self.store.location()
+            ))
+        };
+        match recorded {
+            Some(now) if now == wanted => {}
+            Some(now) => return Err(moved(now)),
+            None => match self
+                .store
+                .record_layout(None, wanted)
+                .await
+                .map_err(|e| self.access_failure(e))?
+            {
+                Cas::Done(()) => {}
+                Cas::Moved(Some(now)) if now == wanted => {}
+                Cas::Moved(now) => return Err(moved(now.unwrap_or(wanted))),
+            },
+        }
+        Ok(wanted
+            .scopes()
+            .into_iter()
+            .map(|scope| Region::new(scope.region(), self.config.parallelism, self.checkpoints(scope)))
+            .collect())
+    }
+
     /// Records `wanted` where `recorded` was: the commit point of a change.
     async fn record_layout(&self, recorded: Option<Layout>, wanted: Layout) -> Result<(), PipelineError> {
         match self

@@ -31,6 +31,7 @@ mod routing;
 mod sink_task;
 mod source_task;
 mod wiring;
+mod workers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -115,6 +116,25 @@ impl Pipeline {
         config.validate()?;
         sink.check_checkpointing(&config.checkpoint)
             .map_err(PipelineError::connector_config)?;
+        if config.workers.is_some() {
+            if store.leases().is_none() {
+                return Err(PipelineError::Config(format!(
+                    "workers share a pipeline through a checkpoint store every machine reaches, and {} is not one: \
+                     set [checkpoint] store = {{ postgres = \"postgres://…\" }}, or drop [workers] to run the \
+                     pipeline in one process",
+                    store.location()
+                )));
+            }
+            if !sink.fences_zombies() {
+                return Err(PipelineError::Config(format!(
+                    "the sink `{}` cannot refuse the writes of a worker that lost its region (a zombie) in its own \
+                     store, so several workers could both write to it: run the pipeline in one process (drop \
+                     [workers]; a second process with --standby takes over when it stops), or use a sink that \
+                     fences zombies (PostgreSQL, Kafka)",
+                    sink.identity()
+                )));
+            }
+        }
         Ok(Pipeline {
             config,
             source,
@@ -200,6 +220,9 @@ impl Pipeline {
         crate::fault::warn_if_ignored();
         let span = info_span!("pipeline", name = %self.config.name);
         tokio::pin!(shutdown);
+        if let (Some(settings), Some(leases)) = (self.config.workers, self.store.leases()) {
+            return self.run_as_worker(leases, settings, shutdown).instrument(span).await;
+        }
         let Some(mut lock) = self.take_lock(&mut shutdown).await? else {
             return Ok(RunSummary {
                 last_checkpoint: None,
@@ -366,7 +389,7 @@ impl Pipeline {
         let result = async {
             let mut attempt = 0u32;
             loop {
-                match self.run_attempt(region, stop.clone(), left_open).await {
+                match self.run_attempt(region, None, stop.clone(), left_open).await {
                     Ok(last) => return Ok(last),
                     Err(failure) => {
                         if !failure.retriable {
@@ -405,14 +428,17 @@ impl Pipeline {
         AttemptFailure::store(&self.config.name, e)
     }
 
-    /// One attempt of a region: restore, wire, drive.
+    /// One attempt of a region: restore, wire, drive. `claimed`: the epoch
+    /// under which a worker's claim took the region (it fenced the region's
+    /// sequence already); `None`: the attempt takes the sequence itself.
     async fn run_attempt(
         &self,
         region: &region::Region,
+        claimed: Option<crate::membership::Epoch>,
         stop: tokio::sync::watch::Receiver<bool>,
         left_open: &std::sync::atomic::AtomicBool,
     ) -> Result<Option<crate::record::CheckpointId>, AttemptFailure> {
-        let mut restored = self.restore(region).await?;
+        let mut restored = self.restore(region, claimed).await?;
         // The sinks recover while the sources look up their positions (no
         // record flows before both are done and wired); a sink's failure is
         // reported first, as if they ran one after the other.

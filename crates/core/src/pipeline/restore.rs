@@ -89,11 +89,25 @@ impl Pipeline {
     /// earlier attempt or owner is accepted any more, and every one accepted
     /// before is visible), then reads its latest complete checkpoint and
     /// checks it belongs to this pipeline.
-    pub(super) async fn restore(&self, region: &Region) -> Result<Restored, AttemptFailure> {
+    ///
+    /// `claimed`: a worker's granted claim fenced the sequence at this epoch
+    /// already; the attempt reads the head after it and goes on only while
+    /// the epoch is still that one (else another worker took the region:
+    /// [`StoreError::Fenced`](crate::StoreError::Fenced)).
+    pub(super) async fn restore(&self, region: &Region, claimed: Option<Epoch>) -> Result<Restored, AttemptFailure> {
         region.wait_for_previous_write().await;
         let checkpoints = &region.checkpoints;
         let fail = |e| self.store_failure(e);
-        let head = checkpoints.take(&crate::store::this_process()).await.map_err(fail)?;
+        let head = match claimed {
+            None => checkpoints.take(&crate::store::this_process()).await.map_err(fail)?,
+            Some(epoch) => {
+                let head = checkpoints.head().await.map_err(fail)?;
+                if head.epoch != epoch {
+                    return Err(fail(checkpoints.fenced(epoch, head.epoch)));
+                }
+                head
+            }
+        };
         let epoch = head.epoch;
         let latest = checkpoints.latest().await.map_err(fail)?;
         let reserved = head.id_watermark;
@@ -169,9 +183,15 @@ impl Pipeline {
                     "taking over the sink subtasks of the higher parallelism"
                 );
             }
-            let context = SinkContext::new(&self.config.name, i, p, self.metrics.clone())
+            let mut context = SinkContext::new(&self.config.name, i, p, self.metrics.clone())
                 .with_adopted(adopted)
                 .with_restorable(region.restorable.clone());
+            if self.config.workers.is_some() {
+                context = context.with_ownership(crate::sink::Ownership {
+                    epoch: restored.epoch,
+                    first_checkpoint: restored.base().next(),
+                });
+            }
             let sink = self
                 .sink
                 .create(context)

@@ -49,7 +49,7 @@ impl Checkpoints {
         self.store.location()
     }
 
-    fn fenced(&self, epoch: Epoch, current: Epoch) -> StoreError {
+    pub(crate) fn fenced(&self, epoch: Epoch, current: Epoch) -> StoreError {
         StoreError::Fenced {
             location: self.location(),
             epoch,

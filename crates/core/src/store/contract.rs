@@ -211,6 +211,15 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// must not outlive its holder (a process that dies, even by SIGKILL,
     /// releases it). The runtime holds it for a whole run.
     async fn lock(&self) -> Result<StoreLock, StoreError>;
+
+    /// Where several processes of the pipeline keep their membership and
+    /// region leases, when this store is one every machine reaches and can
+    /// judge leases by one clock; `None` (the default) when it cannot
+    /// (the folder store): then one process runs the pipeline, under
+    /// [`lock`](Self::lock).
+    fn leases(&self) -> Option<Arc<dyn crate::membership::LeaseStore>> {
+        None
+    }
 }
 
 /// How a pipeline's checkpoints are laid out: recorded in its store so a

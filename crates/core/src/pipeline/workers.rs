@@ -1,0 +1,388 @@
+//! Several processes, one pipeline: this process as one worker among those
+//! that share the pipeline's regions under leases in the checkpoint store
+//! (see [`crate::membership`] and `docs/design/several-processes.md`).
+//!
+//! The pure [`Worker`] decides; this loop performs its [`Order`]s against
+//! the [`LeaseStore`], feeds the answers back as [`Input`]s, and runs one
+//! runner per region the worker owns:
+//!
+//! - `Start`: the claim raised the region's epoch (fencing its previous
+//!   owner); the runner reads the region's latest checkpoint after that
+//!   fence, recovers its sinks under that epoch (they fence their own
+//!   stores) and runs one attempt;
+//! - `Stop` (the lease's deadline on this process's own clock passed, or a
+//!   renewal found the lease gone): the runner is dropped at once — no last
+//!   checkpoint, no commit, its subtasks aborted;
+//! - `HandOver` (rebalancing, SIGTERM): the runner takes a last checkpoint,
+//!   commits it, closes its sinks and ends; then the lease is released.
+//!
+//! A failed attempt does not restart in place: the runner waits the restart
+//! strategy's delay, ends, and the lease is released; the next claim (this
+//! worker's or another's) raises the epoch again, so every attempt of a
+//! region starts behind a fence, as in one process. A write refused for its
+//! epoch drops the region (another worker took it).
+//!
+//! The runners are polled by this loop's own task, timer first: after a
+//! freeze, the deadline is seen before any runner runs again. What a runner
+//! had already handed to its subtasks is refused by the stores by epoch.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info, info_span, warn, Instrument};
+
+use super::region::Region;
+use super::{Pipeline, RunSummary};
+use crate::error::{PipelineError, StoreError};
+use crate::membership::{Claim, Epoch, Input, LeaseSettings, LeaseStore, MonoTime, Order, Worker, WorkerId};
+use crate::record::CheckpointId;
+
+/// How a region's runner ended.
+enum RegionEnd {
+    /// Its last checkpoint is committed (handed over, or its sources ended).
+    Done(Option<CheckpointId>),
+    /// A failure to retry: the lease goes back, and the next claim (which
+    /// fences) restarts the region.
+    Retry,
+    /// A write was refused for its epoch: another worker took the region.
+    Lost,
+    /// Not retriable, or the restart strategy gave up.
+    Fatal(PipelineError),
+}
+
+type RunnerFuture<'a> = Pin<Box<dyn Future<Output = RegionEnd> + Send + 'a>>;
+
+/// A region this worker acts on.
+struct Running<'a> {
+    epoch: Epoch,
+    /// `true`: take a last checkpoint and end.
+    stop: watch::Sender<bool>,
+    future: RunnerFuture<'a>,
+}
+
+/// This process's worker id: host, pid and a random tag (a restarted
+/// process with a reused pid is another worker).
+fn worker_id() -> WorkerId {
+    let tag: u32 = rand::random();
+    WorkerId(format!(
+        "{}:{}:{tag:08x}",
+        crate::file_lock::host_name(),
+        std::process::id()
+    ))
+}
+
+/// The worker's monotonic clock: `CLOCK_BOOTTIME`, which keeps counting
+/// while the machine sleeps (`Instant` does not), in milliseconds since
+/// the worker started.
+struct BootClock {
+    origin: u64,
+}
+
+impl BootClock {
+    fn read_ms() -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists
+        // on every Linux this runs on.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+        ts.tv_sec as u64 * 1_000 + ts.tv_nsec as u64 / 1_000_000
+    }
+
+    fn start() -> BootClock {
+        BootClock {
+            origin: Self::read_ms(),
+        }
+    }
+
+    fn now(&self) -> MonoTime {
+        MonoTime(Self::read_ms().saturating_sub(self.origin))
+    }
+
+    /// How long from now until `t`.
+    fn until(&self, t: MonoTime) -> Duration {
+        Duration::from_millis(t.0.saturating_sub(self.now().0))
+    }
+}
+
+/// Resolves with the first runner of `running` that ended.
+fn next_end<'a, 'b>(
+    running: &'b mut BTreeMap<usize, Running<'a>>,
+) -> impl Future<Output = (usize, RegionEnd)> + use<'a, 'b> {
+    std::future::poll_fn(move |cx| {
+        for (region, r) in running.iter_mut() {
+            if let Poll::Ready(end) = r.future.as_mut().poll(cx) {
+                return Poll::Ready((*region, end));
+            }
+        }
+        Poll::Pending
+    })
+}
+
+fn is_fenced(e: &PipelineError) -> bool {
+    matches!(e, PipelineError::Store { source, .. } if matches!(**source, StoreError::Fenced { .. }))
+}
+
+impl Pipeline {
+    /// [`Pipeline::run`] as one worker of several: see the module
+    /// documentation. Returns after `shutdown` resolved and every region
+    /// this worker owned was handed over, or with the first fatal error
+    /// (after handing its other regions over).
+    pub(super) async fn run_as_worker(
+        &self,
+        leases: Arc<dyn LeaseStore>,
+        settings: LeaseSettings,
+        mut shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
+    ) -> Result<RunSummary, PipelineError> {
+        let regions = self.prepare_worker_layout().await?;
+        let me = worker_id();
+        info!(
+            worker = %me,
+            regions = regions.len(),
+            lease_term = ?settings.term,
+            "joining the pipeline's workers"
+        );
+        let clock = BootClock::start();
+        let mut worker = Worker::new(me.clone(), settings);
+        let (answers, mut answered) = mpsc::unbounded_channel::<Input>();
+        let attempts = Mutex::new(BTreeMap::new());
+        // Worker mode records no clean release of a store lock: a sink that
+        // did not close is only logged (the next owner fences anyway).
+        let left_open = AtomicBool::new(false);
+        let mut running: BTreeMap<usize, Running<'_>> = BTreeMap::new();
+        let mut last: Vec<Option<CheckpointId>> = vec![None; regions.len()];
+        // Regions asked to hand over, and regions whose sources finished
+        // (held idle: a new claim would only find them finished again).
+        let mut handing_over = std::collections::BTreeSet::new();
+        let mut finished = std::collections::BTreeSet::new();
+        let mut fatal: Option<PipelineError> = None;
+        let mut shutting_down = false;
+        let mut orders = worker.handle(clock.now(), Input::Tick);
+        loop {
+            let mut exit = false;
+            for order in orders.drain(..) {
+                match order {
+                    Order::Renew {
+                        seq,
+                        regions: held,
+                        member,
+                    } => {
+                        let (leases, me, answers) = (leases.clone(), me.clone(), answers.clone());
+                        tokio::spawn(async move {
+                            let input = match leases.renew(&me, &held, member, settings.term).await {
+                                Ok(kept) => Input::Renewed { seq, kept },
+                                Err(e) => {
+                                    warn!(error = %crate::ErrorChain(&e), "could not renew the leases: trying again");
+                                    Input::RenewFailed { seq }
+                                }
+                            };
+                            let _ = answers.send(input);
+                        });
+                    }
+                    Order::Poll => {
+                        let (leases, answers, n) = (leases.clone(), answers.clone(), regions.len());
+                        tokio::spawn(async move {
+                            let input = match leases.view(n).await {
+                                Ok(view) => Input::Viewed(view),
+                                Err(e) => {
+                                    warn!(error = %crate::ErrorChain(&e), "could not read the leases: trying again");
+                                    Input::PollFailed
+                                }
+                            };
+                            let _ = answers.send(input);
+                        });
+                    }
+                    Order::Claim { region, expected } => {
+                        let (leases, me, answers) = (leases.clone(), me.clone(), answers.clone());
+                        tokio::spawn(async move {
+                            let input = match leases.claim(region, &me, expected, settings.term).await {
+                                Ok(Claim::Granted(lease)) => Input::Claimed {
+                                    region,
+                                    epoch: lease.epoch,
+                                },
+                                Ok(_) => Input::ClaimRefused { region },
+                                Err(e) => {
+                                    warn!(region, error = %crate::ErrorChain(&e), "a claim's outcome is unknown: reading the leases again");
+                                    Input::ClaimFailed { region }
+                                }
+                            };
+                            let _ = answers.send(input);
+                        });
+                    }
+                    Order::Start { region, epoch } => {
+                        self.metrics.region_claimed();
+                        info!(region, %epoch, worker = %me, "claimed the region: recovering it under its new epoch");
+                        let (stop, stop_rx) = watch::channel(false);
+                        let future = Box::pin(self.run_owned(&regions[region], epoch, stop_rx, &left_open, &attempts));
+                        running.insert(region, Running { epoch, stop, future });
+                    }
+                    Order::Stop { region, epoch } => {
+                        finished.remove(&region);
+                        if running.remove(&region).is_some() {
+                            self.metrics.region_dropped();
+                            warn!(
+                                region,
+                                %epoch,
+                                "stopped acting on the region at once (its lease may run out: a renewal came too late \
+                                 or found it taken): dropped without a last checkpoint; its next owner recovers it"
+                            );
+                        }
+                    }
+                    Order::HandOver { region, epoch } => {
+                        if let Some(r) = running.get(&region) {
+                            info!(region, %epoch, "handing the region over: a last checkpoint, then the lease goes");
+                            handing_over.insert(region);
+                            let _ = r.stop.send(true);
+                        } else if finished.remove(&region) {
+                            // Nothing runs: its last checkpoint is committed.
+                            let _ = answers.send(Input::Stopped { region });
+                        }
+                    }
+                    Order::Release { region, epoch } => {
+                        let (leases, me) = (leases.clone(), me.clone());
+                        tokio::spawn(async move {
+                            match leases.release(region, &me, epoch).await {
+                                Ok(true) => info!(region, %epoch, "released the region's lease"),
+                                Ok(false) => {}
+                                Err(e) => {
+                                    warn!(region, error = %crate::ErrorChain(&e), "could not release the region's lease: it runs out on its own")
+                                }
+                            }
+                        });
+                    }
+                    Order::Leave => {
+                        let (leases, me) = (leases.clone(), me.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = leases.leave(&me).await {
+                                warn!(error = %crate::ErrorChain(&e), "could not leave the workers: the membership runs out on its own");
+                            }
+                        });
+                    }
+                    Order::Exit => exit = true,
+                }
+            }
+            self.metrics.set_regions_owned(running.len() + finished.len());
+            if exit {
+                break;
+            }
+            let wait = worker.next_tick().map_or(Duration::from_secs(3600), |t| clock.until(t));
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep(wait) => orders = worker.handle(clock.now(), Input::Tick),
+                Some(input) = answered.recv() => orders = worker.handle(clock.now(), input),
+                _ = &mut shutdown, if !shutting_down => {
+                    shutting_down = true;
+                    info!(worker = %me, "shutdown requested: handing every region over");
+                    orders = worker.handle(clock.now(), Input::Shutdown);
+                }
+                (region, end) = next_end(&mut running) => {
+                    let Some(ended) = running.remove(&region) else { continue };
+                    let now = clock.now();
+                    let handed = handing_over.remove(&region);
+                    orders = match end {
+                        RegionEnd::Done(id) if handed => {
+                            last[region] = id;
+                            worker.handle(now, Input::Stopped { region })
+                        }
+                        RegionEnd::Done(id) => {
+                            last[region] = id;
+                            info!(region, "the region's sources are finished: holding it idle until it is handed over");
+                            finished.insert(region);
+                            Vec::new()
+                        }
+                        RegionEnd::Retry => worker.handle(now, Input::Stopped { region }),
+                        RegionEnd::Lost => {
+                            self.metrics.region_dropped();
+                            warn!(region, epoch = %ended.epoch, "another worker took the region: dropped it without writing");
+                            worker.handle(now, Input::Lost { region, epoch: ended.epoch })
+                        }
+                        RegionEnd::Fatal(e) => {
+                            let mut orders = worker.handle(now, Input::Stopped { region });
+                            if fatal.is_none() {
+                                fatal = Some(e);
+                                shutting_down = true;
+                                orders.extend(worker.handle(now, Input::Shutdown));
+                            }
+                            orders
+                        }
+                    };
+                }
+            }
+        }
+        info!(worker = %me, "left the pipeline's workers");
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        Ok(RunSummary {
+            last_checkpoint: last.iter().copied().min().flatten(),
+            regions: last,
+            metrics: self.metrics.snapshot(),
+        })
+    }
+
+    /// One attempt of `region`, owned under `epoch`; on a failure to retry,
+    /// waits the restart strategy's delay first.
+    async fn run_owned(
+        &self,
+        region: &Region,
+        epoch: Epoch,
+        stop: watch::Receiver<bool>,
+        left_open: &AtomicBool,
+        attempts: &Mutex<BTreeMap<usize, u32>>,
+    ) -> RegionEnd {
+        let index = region.index.unwrap_or_default();
+        for &subtask in region.sources.iter().chain(&region.sinks) {
+            self.metrics.assign_region(subtask, index);
+        }
+        let attempt = self.run_attempt(region, Some(epoch), stop, left_open);
+        let result = attempt.instrument(info_span!("region", region = index, %epoch)).await;
+        let count = |progress: bool| {
+            let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
+            let n = attempts.entry(index).or_insert(0u32);
+            *n = if progress { 0 } else { *n + 1 };
+            *n
+        };
+        match result {
+            Ok(last) => {
+                count(true);
+                RegionEnd::Done(last)
+            }
+            Err(failure) if is_fenced(&failure.error) => RegionEnd::Lost,
+            Err(failure) if !failure.retriable => {
+                error!(region = index, error = %crate::ErrorChain(&failure.error), "failed; not retriable");
+                RegionEnd::Fatal(failure.error)
+            }
+            Err(failure) => {
+                let attempt = if failure.made_progress {
+                    count(true);
+                    count(false)
+                } else {
+                    count(false)
+                };
+                let Some(delay) = self.config.restart.delay(attempt) else {
+                    error!(region = index, attempt, error = %crate::ErrorChain(&failure.error), "failed; restart strategy gives up");
+                    return RegionEnd::Fatal(PipelineError::RestartsExhausted {
+                        pipeline: self.config.name.clone(),
+                        attempts: attempt - 1,
+                        last: Box::new(failure.error),
+                    });
+                };
+                warn!(
+                    region = index,
+                    attempt,
+                    ?delay,
+                    error = %crate::ErrorChain(&failure.error),
+                    "failed; the region is claimed again (a new epoch) after the delay"
+                );
+                self.metrics.restarted_in(Some(index));
+                tokio::time::sleep(delay).await;
+                RegionEnd::Retry
+            }
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! Several processes, one pipeline, through the binary: `exactly run` with
+//! `[workers]` started several times forms one Kafka → PostgreSQL pipeline
+//! of parallelism 6 whose regions the workers share under leases in the
+//! PostgreSQL checkpoint store. Two workers split the regions; a third
+//! joins and takes a share (the others hand theirs over); one is frozen
+//! (SIGSTOP) past its lease while records flow, the others take its
+//! regions, and once thawed it drops them without writing (its log and
+//! metrics say so) and comes back as a worker; one is killed (SIGKILL) and
+//! its regions go to the others when its leases run out; a fourth joins;
+//! SIGTERM stops them all with their regions handed over. Every order lands
+//! exactly once, no prepared transaction is left, and the store holds no
+//! checkpoint of an older epoch written after a newer one was taken.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::orders::*;
+use common::run::Worker;
+use common::scrape::Scrape;
+use exactly_testkit::{KafkaBroker, PostgresServer};
+
+const ORDERS: i64 = 6000;
+const PARALLELISM: usize = 6;
+
+/// The pipeline file: the orders into `table` at parallelism 6,
+/// checkpoints in the PostgreSQL store at `url`, as workers.
+fn pipeline(dir: &Path, name: &str, (bootstrap, topic): (&str, &str), (url, table): (&str, &str)) -> PathBuf {
+    let file = orders_pipeline(
+        dir,
+        "pipeline.toml",
+        name,
+        PARALLELISM,
+        "unused",
+        "200ms",
+        (bootstrap, topic),
+        (url, table),
+        false,
+    );
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("dir = \"unused\"", &format!("store = {{ postgres = \"{url}\" }}"));
+    std::fs::write(&file, format!("{text}\n\n[workers]\n")).unwrap();
+    file
+}
+
+/// The regions each worker owns now, by its metrics (-1 while its
+/// endpoint does not answer yet).
+fn owned(workers: &mut [&mut Worker]) -> Vec<f64> {
+    workers
+        .iter_mut()
+        .map(|w| Scrape::try_take(&w.base).map_or(-1.0, |s| s.value("exactly_regions_owned")))
+        .collect()
+}
+
+/// Waits until the workers own the regions as `want` says, each of them
+/// running.
+fn wait_for_shares(workers: &mut [&mut Worker], want: impl Fn(&[f64]) -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let shares = owned(workers);
+        if want(&shares) {
+            return;
+        }
+        if Instant::now() > deadline || workers.iter_mut().any(|w| !w.is_running()) {
+            let logs: Vec<String> = workers.iter().map(|w| w.log()).collect();
+            panic!("{what}: the workers own {shares:?}\n{}", logs.join("\n-----\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until the committed rows exceed `above`.
+fn wait_for_rows_above(url: &str, table: &str, above: i64, workers: &mut [&mut Worker]) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let rows = committed_orders(url, table);
+        if rows > above {
+            return rows;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = workers.iter().map(|w| w.log()).collect();
+            panic!("no row committed beyond {above}\n{}", logs.join("\n-----\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Checkpoints of the pipeline written under an epoch after a newer epoch
+/// of their region was taken.
+fn late_entries(url: &str, pipeline: &str) -> Vec<String> {
+    with_postgres(url, async |db| {
+        db.query(
+            "SELECT c.scope || '/' || c.name || ' epoch ' || c.epoch || ' after epoch ' || e.epoch \
+             FROM exactly_checkpoints c JOIN exactly_epochs e \
+             ON e.pipeline = c.pipeline AND e.scope = c.scope AND e.epoch > c.epoch \
+             WHERE c.pipeline = $1 AND c.written_at > e.taken_at",
+            &[&pipeline],
+        )
+        .await
+        .expect("reading the store")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    })
+}
+
+#[test]
+fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigterm() {
+    let pg = PostgresServer::start().expect("starting PostgreSQL");
+    let url = pg.url();
+    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+    let dir = tempfile::tempdir().unwrap();
+    let name = fresh("workers");
+    let topic = topic_reaching_every_subtask("workers", &[PARALLELISM]);
+    let table = fresh("workers_orders");
+    // Half the orders at once, then one at a time until `finish`: records
+    // flow through every phase below.
+    let feed = Feed::start_held(kafka.bootstrap(), &topic, ORDERS);
+    let file = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
+
+    // Two workers split the six regions.
+    let mut a = Worker::start(&file, dir.path(), "a");
+    let mut b = Worker::start(&file, dir.path(), "b");
+    wait_for_shares(
+        &mut [&mut a, &mut b],
+        |s| s == [3.0, 3.0],
+        "two workers, three regions each",
+    );
+    let rows = wait_for_rows_above(url, &table, 0, &mut [&mut a, &mut b]);
+
+    // A third joins: it takes a share, the others hand one region each over.
+    let mut c = Worker::start(&file, dir.path(), "c");
+    wait_for_shares(
+        &mut [&mut a, &mut b, &mut c],
+        |s| s == [2.0, 2.0, 2.0],
+        "three workers, two regions each",
+    );
+    for w in [&a, &b] {
+        assert!(
+            w.log().contains("handing the region over"),
+            "a worker above its share hands regions over:\n{}",
+            w.log()
+        );
+    }
+    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut a, &mut b, &mut c]);
+
+    // A is frozen past its lease: the others take its regions while it
+    // sleeps and go on writing.
+    a.signal(libc::SIGSTOP);
+    wait_for_shares(
+        &mut [&mut b, &mut c],
+        |s| s.iter().sum::<f64>() == PARALLELISM as f64,
+        "the frozen worker's regions taken over",
+    );
+    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+    // Thawed, it finds its deadlines passed and drops its regions without
+    // a last checkpoint, then joins again and gets a share back.
+    a.signal(libc::SIGCONT);
+    a.wait_for_log("stopped acting on the region at once", Duration::from_secs(60));
+    let scrape = Scrape::take(&a.base);
+    assert!(scrape.value("exactly_regions_dropped_total") >= 2.0, "{}", a.log());
+    wait_for_shares(
+        &mut [&mut a, &mut b, &mut c],
+        |s| s == [2.0, 2.0, 2.0],
+        "the thawed worker back with a share",
+    );
+
+    // B dies: its regions go to the others once its leases run out.
+    b.kill();
+    wait_for_shares(
+        &mut [&mut a, &mut c],
+        |s| s == [3.0, 3.0],
+        "the killed worker's regions taken over",
+    );
+    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut a, &mut c]);
+
+    // A fourth joins.
+    let mut d = Worker::start(&file, dir.path(), "d");
+    wait_for_shares(
+        &mut [&mut a, &mut c, &mut d],
+        |s| s == [2.0, 2.0, 2.0],
+        "a new worker takes a share",
+    );
+
+    // Every order, then SIGTERM: each worker hands its regions over.
+    feed.finish();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while committed_orders(url, &table) < ORDERS {
+        if Instant::now() > deadline || !(a.is_running() && c.is_running() && d.is_running()) {
+            panic!(
+                "the orders did not all arrive ({} of {ORDERS}, {rows} before the last join)\n{}\n-----\n{}\n-----\n{}",
+                committed_orders(url, &table),
+                a.log(),
+                c.log(),
+                d.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for w in [a, c, d] {
+        let (ok, log) = w.stop(Duration::from_secs(60));
+        assert!(ok, "a worker did not stop cleanly after SIGTERM:\n{log}");
+        assert!(log.contains("left the pipeline's workers"), "{log}");
+    }
+    assert_orders_exactly_once(url, &table, &name, ORDERS, "after joins, a freeze, a kill and SIGTERM");
+    assert_eq!(
+        late_entries(url, &name),
+        Vec::<String>::new(),
+        "checkpoints of a fenced epoch"
+    );
+}
+
+/// Occurrences of `what` in the logs of `workers`.
+fn count_in_logs(workers: &[&Worker], what: &str) -> usize {
+    workers.iter().map(|w| w.log().matches(what).count()).sum()
+}
+
+/// A worker frozen past its lease at each phase of a checkpoint — right
+/// after a sink subtask's `PREPARE TRANSACTION`, right after a checkpoint
+/// listing prepared transactions is persisted, right before `COMMIT
+/// PREPARED` — while records flow: the other workers take its regions, and
+/// the new owner finds the zombie's prepared transaction holding the
+/// subtask's fence row, ends it (commits it when its checkpoint lists it,
+/// rolls it back when not) and raises the fence; the zombie, thawed, drops
+/// its regions without writing. Every order exactly once, nothing left
+/// prepared, no checkpoint of a fenced epoch written late.
+#[test]
+fn a_worker_frozen_past_its_lease_at_each_phase_drops_its_regions_exactly_once() {
+    let pg = PostgresServer::start().expect("starting PostgreSQL");
+    let url = pg.url();
+    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+    let dir = tempfile::tempdir().unwrap();
+    let name = fresh("frozen");
+    let topic = topic_reaching_every_subtask("frozen", &[PARALLELISM]);
+    let table = fresh("frozen_orders");
+    let feed = Feed::start_held(kafka.bootstrap(), &topic, ORDERS);
+    let file = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
+    let mut b = Worker::start(&file, dir.path(), "b");
+    let mut c = Worker::start(&file, dir.path(), "c");
+    wait_for_shares(
+        &mut [&mut b, &mut c],
+        |s| s == [3.0, 3.0],
+        "two workers, three regions each",
+    );
+    let mut rows = wait_for_rows_above(url, &table, 0, &mut [&mut b, &mut c]);
+
+    let phases = [
+        ("after PREPARE", "sink.after_pre_commit:20"),
+        ("after persist", "coordinator.after_persist_pending:10"),
+        ("before COMMIT PREPARED", "sink.before_commit:10"),
+    ];
+    for (phase, point) in phases {
+        let fences = count_in_logs(&[&b, &c], "holds the fence: ending it");
+        let mut zombie = Worker::start_with(&file, dir.path(), "zombie", &[("EXACTLY_STOP_AT", point)]);
+        zombie.wait_for_log("EXACTLY_STOP_POINT_REACHED", Duration::from_secs(120));
+        // Frozen: its leases run out, the others take its regions (and the
+        // transaction it left prepared) and go on.
+        wait_for_shares(
+            &mut [&mut b, &mut c],
+            |s| s.iter().sum::<f64>() == PARALLELISM as f64,
+            &format!("{phase}: the frozen worker's regions taken over"),
+        );
+        rows = wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+        // The new owner of the region whose transaction the zombie left
+        // prepared finds it holding the subtask's fence row, and ends it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count_in_logs(&[&b, &c], "holds the fence: ending it") == fences {
+            assert!(
+                Instant::now() < deadline,
+                "{phase}: no new owner met the zombie's prepared transaction on the fence row:\n{}\n-----\n{}\n-----\n{}",
+                b.log(),
+                c.log(),
+                zombie.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Thawed: its deadlines have passed, it drops its regions at once.
+        zombie.signal(libc::SIGCONT);
+        zombie.wait_for_log("stopped acting on the region at once", Duration::from_secs(60));
+        let dropped = Scrape::take(&zombie.base).value("exactly_regions_dropped_total");
+        assert!(dropped >= 1.0, "{phase}: {}", zombie.log());
+        let (ok, log) = zombie.stop(Duration::from_secs(60));
+        assert!(ok, "{phase}: the thawed worker did not stop cleanly:\n{log}");
+        wait_for_shares(
+            &mut [&mut b, &mut c],
+            |s| s == [3.0, 3.0],
+            &format!("{phase}: back to two workers"),
+        );
+        std::fs::rename(
+            dir.path().join("zombie.log"),
+            dir.path().join(format!("zombie {phase}.log")),
+        )
+        .unwrap();
+    }
+
+    feed.finish();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while committed_orders(url, &table) < ORDERS {
+        assert!(
+            Instant::now() < deadline && b.is_running() && c.is_running(),
+            "the orders did not all arrive:\n{}\n-----\n{}",
+            b.log(),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for w in [b, c] {
+        let (ok, log) = w.stop(Duration::from_secs(60));
+        assert!(ok, "a worker did not stop cleanly after SIGTERM:\n{log}");
+    }
+    assert_orders_exactly_once(url, &table, &name, ORDERS, "after freezes at every phase");
+    assert_eq!(
+        late_entries(url, &name),
+        Vec::<String>::new(),
+        "checkpoints of a fenced epoch"
+    );
+}
+
+/// Kafka → Kafka with two workers on the PostgreSQL store: one freezes right
+/// after its sink pre-committed a transaction, past its lease; the other
+/// takes its region, and its recovery initializes the zombie's
+/// transactional ids again, which fences the zombie's producers (the broker
+/// aborts the transaction the zombie left open). Thawed, the zombie drops
+/// its region. The output holds every input record exactly once, and no
+/// transaction is left open.
+#[test]
+fn a_frozen_workers_kafka_producers_are_fenced_and_the_copy_is_exact() {
+    use exactly_kafka::admin::{KafkaAdmin, ProduceRecord};
+    use exactly_kafka::wire::WireClient;
+    const RECORDS: usize = 4000;
+    let pg = PostgresServer::start().expect("starting PostgreSQL");
+    let url = pg.url();
+    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output, name) = (fresh("workers-in"), fresh("workers-out"), fresh("workers-kk"));
+    let produce = |range: std::ops::Range<usize>| {
+        current_thread_runtime().block_on(async {
+            let records = range.map(|i| {
+                ProduceRecord::new(format!("v-{i}"))
+                    .with_key(format!("k-{i}"))
+                    .to_partition(i as i32 % 2)
+            });
+            KafkaAdmin::new(kafka.bootstrap())
+                .produce(&input, records)
+                .await
+                .expect("producing the input")
+        })
+    };
+    current_thread_runtime().block_on(async {
+        let admin = KafkaAdmin::new(kafka.bootstrap());
+        admin.create_topic(&input, 2).await.expect("creating the input topic");
+        admin.create_topic(&output, 2).await.expect("creating the output topic");
+    });
+    produce(0..RECORDS / 2);
+    let sink = format!(
+        "[sink.kafka]\nbootstrap = \"{}\"\ntopic = \"{output}\"\ntransactional_id_prefix = \"{name}\"\n\n[workers]\n",
+        kafka.bootstrap()
+    );
+    let file = common::kafka_pipeline_file(dir.path(), &name, (kafka.bootstrap(), &input), false, &sink);
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("dir = \"checkpoints\"", &format!("store = {{ postgres = \"{url}\" }}"));
+    std::fs::write(&file, text).unwrap();
+
+    let mut a = Worker::start(&file, dir.path(), "a");
+    wait_for_shares(&mut [&mut a], |s| s == [2.0], "one worker, both regions");
+    let mut zombie = Worker::start_with(
+        &file,
+        dir.path(),
+        "zombie",
+        &[("EXACTLY_STOP_AT", "sink.after_pre_commit:2")],
+    );
+    // Its share comes with records to copy: the second half of the input.
+    wait_for_shares(
+        &mut [&mut a, &mut zombie],
+        |s| s == [1.0, 1.0],
+        "two workers, one region each",
+    );
+    produce(RECORDS / 2..RECORDS);
+    zombie.wait_for_log("EXACTLY_STOP_POINT_REACHED", Duration::from_secs(120));
+    wait_for_shares(&mut [&mut a], |s| s == [2.0], "the frozen worker's region taken over");
+    zombie.signal(libc::SIGCONT);
+    zombie.wait_for_log("stopped acting on the region at once", Duration::from_secs(60));
+
+    let read = || {
+        current_thread_runtime().block_on(async {
+            KafkaAdmin::new(kafka.bootstrap())
+                .read_all(&output)
+                .await
+                .expect("consuming the output read_committed")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while read().len() < RECORDS {
+        assert!(
+            Instant::now() < deadline && a.is_running(),
+            "the copy did not complete:\n{}",
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for w in [a, zombie] {
+        let (ok, log) = w.stop(Duration::from_secs(60));
+        assert!(ok, "a worker did not stop cleanly after SIGTERM:\n{log}");
+    }
+    let log = current_thread_runtime().block_on(async {
+        WireClient::new(kafka.bootstrap())
+            .unwrap()
+            .read_topic_settled(&output, Duration::from_secs(30))
+            .await
+            .expect("reading the output's log")
+    });
+    assert!(log.open_transactions.is_empty(), "open: {:?}", log.open_transactions);
+    assert!(
+        log.aborted_records > 0,
+        "the zombie's pre-committed transaction was aborted by the fence of its transactional id"
+    );
+    let values: Vec<String> = read()
+        .iter()
+        .map(|r| String::from_utf8(r.value.clone().expect("a value").to_vec()).unwrap())
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = values.iter().collect();
+    assert_eq!(
+        (values.len(), distinct.len()),
+        (RECORDS, RECORDS),
+        "records / distinct records"
+    );
+    assert!(
+        (0..RECORDS).all(|i| distinct.contains(&format!("v-{i}"))),
+        "every record"
+    );
+    assert_eq!(
+        late_entries(url, &name),
+        Vec::<String>::new(),
+        "checkpoints of a fenced epoch"
+    );
+}
