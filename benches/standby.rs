@@ -19,6 +19,15 @@
 //! without the grace it waits after a kill. The table must then hold each
 //! order at most once (the standby is stopped with SIGTERM before the feed
 //! ends, so some are not read yet).
+//!
+//! Then the same with workers (`[workers]`, lease term 3 s, renewal every
+//! 1 s, margin 500 ms, poll 250 ms — the defaults) at parallelism 1: two
+//! `exactly run` of the pipeline, one owning the region and one owning
+//! nothing (a hot standby, `exactly_regions_owned` 0); the owner is killed
+//! (SIGKILL: the standby claims when the lease runs out) or stopped
+//! (SIGTERM: the region is handed over and its lease released at once);
+//! measured from the signal to the standby's claim (`exactly_regions_owned`
+//! 1) and to its first commit (`exactly_commits_total` growing).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -52,24 +61,52 @@ fn main() -> Result<()> {
     eprintln!("[standby] starting Apache Kafka and PostgreSQL from the test kit");
     let kafka = KafkaBroker::builder().heap("1g").start()?;
     let postgres = PostgresServer::start_own()?;
-    for signal in [Signal::Kill, Signal::Term] {
+    let modes = [
+        (Mode::Standby, Signal::Kill),
+        (Mode::Standby, Signal::Term),
+        (Mode::Workers, Signal::Kill),
+        (Mode::Workers, Signal::Term),
+    ];
+    for (mode, signal) in modes {
         let mut rows = Vec::new();
         for round in 0..rounds {
             // The signal moves through the 1 s checkpoint interval.
             let offset = Duration::from_millis(u64::from(round) * 1000 / u64::from(rounds.max(1)));
-            let measured = takeover(exactly, kafka.bootstrap(), postgres.url(), (signal, round), offset)
-                .with_context(|| format!("{} round {round}", signal.name()))?;
+            let measured = match mode {
+                Mode::Standby => takeover(exactly, kafka.bootstrap(), postgres.url(), (signal, round), offset),
+                Mode::Workers => worker_takeover(exactly, kafka.bootstrap(), postgres.url(), (signal, round), offset),
+            }
+            .with_context(|| format!("{} {} round {round}", mode.name(), signal.name()))?;
             eprintln!(
-                "[standby] {} round {round}: lock taken {:.0} ms, first commit {:.0} ms after the signal",
+                "[standby] {} {} round {round}: taken {:.0} ms, first commit {:.0} ms after the signal",
+                mode.name(),
                 signal.name(),
                 ms(measured.0),
                 ms(measured.1)
             );
             rows.push((offset, measured));
         }
-        report(signal, &rows);
+        report(mode, signal, &rows);
     }
     Ok(())
+}
+
+/// How the second process waits.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// `--standby` on the pipeline's lock (parallelism 2).
+    Standby,
+    /// `[workers]`: a worker that owns no region (parallelism 1).
+    Workers,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Standby => "standby",
+            Mode::Workers => "workers",
+        }
+    }
 }
 
 /// How the active process is stopped.
@@ -151,6 +188,102 @@ fn takeover(
         if !standby.log().contains("handed over cleanly") {
             bail!("SIGTERM did not hand the pipeline over cleanly:\n{}", standby.log());
         }
+    }
+    standby.stop()?;
+    stop.store(true, Ordering::Relaxed);
+    feeder.join().map_err(|_| anyhow::anyhow!("the feed panicked"))??;
+    check_at_most_once(url, &table)?;
+    Ok((taken, first_commit))
+}
+
+/// One round with workers: (signal → the standby worker claims the
+/// region, signal → its first commit).
+fn worker_takeover(
+    exactly: &Path,
+    bootstrap: &str,
+    url: &str,
+    (signal, round): (Signal, u32),
+    offset: Duration,
+) -> Result<(Duration, Duration)> {
+    let dir = tempfile::tempdir()?;
+    let tag = match signal {
+        Signal::Kill => "kill",
+        Signal::Term => "term",
+    };
+    let topic = format!("workers-{tag}-{round}");
+    let table = format!("workers_{tag}_{round}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = feed(bootstrap, &topic, stop.clone())?;
+    let file = dir.path().join("pipeline.toml");
+    let sections = exactly::config::orders_sections(bootstrap, &topic, url, &table)
+        .replace("stop_at_end = true", "stop_at_end = false");
+    std::fs::write(
+        &file,
+        format!(
+            "name = \"{table}\"\nparallelism = 1\n\n[checkpoint]\nstore = {{ postgres = \"{url}\" }}\n\n\
+             [workers]\n\n{sections}"
+        ),
+    )?;
+    let mut first = Worker::start(exactly, &file, dir.path(), "first")?;
+    first.wait_for("its first commit", |m| value(m, "exactly_commits_total") >= 1.0)?;
+    let mut second = Worker::start(exactly, &file, dir.path(), "second")?;
+    // Settled: one owns the region (which one depends on the ids' order),
+    // the other nothing.
+    let owns = |w: &Worker| w.metrics().map(|m| value(&m, "exactly_regions_owned"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (active, mut standby) = loop {
+        if !first.is_running() || !second.is_running() || Instant::now() > deadline {
+            bail!("the workers did not settle:\n{}\n-----\n{}", first.log(), second.log());
+        }
+        match (owns(&first), owns(&second)) {
+            (Some(1.0), Some(0.0)) => {
+                let active_commits = first.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
+                if active_commits >= 1.0 {
+                    break (first, second);
+                }
+            }
+            (Some(0.0), Some(1.0)) => {
+                let active_commits = second.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
+                if active_commits >= 1.0 {
+                    break (second, first);
+                }
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let before = standby.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
+    std::thread::sleep(offset);
+
+    let signalled = Instant::now();
+    let stopping = match signal {
+        Signal::Kill => {
+            active.kill();
+            None
+        }
+        Signal::Term => Some(active.terminate()),
+    };
+    let mut taken = None;
+    let first_commit = loop {
+        if !standby.is_running() {
+            bail!("the standby worker ended:\n{}", standby.log());
+        }
+        if signalled.elapsed() > Duration::from_secs(120) {
+            bail!("no commit 120 s after the signal:\n{}", standby.log());
+        }
+        if let Some(metrics) = standby.metrics() {
+            if taken.is_none() && value(&metrics, "exactly_regions_owned") == 1.0 {
+                taken = Some(signalled.elapsed());
+            }
+            if value(&metrics, "exactly_commits_total") > before {
+                break signalled.elapsed();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let taken = taken.unwrap_or(first_commit);
+    if let Some(active) = stopping {
+        active.wait_clean()?;
     }
     standby.stop()?;
     stop.store(true, Ordering::Relaxed);
@@ -321,11 +454,15 @@ fn check_at_most_once(url: &str, table: &str) -> Result<()> {
         })
 }
 
-fn report(signal: Signal, rows: &[(Duration, (Duration, Duration))]) {
+fn report(mode: Mode, signal: Signal, rows: &[(Duration, (Duration, Duration))]) {
     println!();
-    println!("active process stopped with {}:", signal.name());
+    let taken_is = match mode {
+        Mode::Standby => "standby holds the lock",
+        Mode::Workers => "standby worker claims the region",
+    };
+    println!("{}: the active process stopped with {}:", mode.name(), signal.name());
     println!();
-    println!("| round | signal after the active's first commit + | standby holds the lock | standby's first commit |");
+    println!("| round | signal after the active's first commit + | {taken_is} | standby's first commit |");
     println!("|---:|---:|---:|---:|");
     for (i, (offset, (taken, commit))) in rows.iter().enumerate() {
         println!(
@@ -344,10 +481,20 @@ fn report(signal: Signal, rows: &[(Duration, (Duration, Duration))]) {
     let (taken_median, taken_max) = stats(|m| m.0);
     let (commit_median, commit_max) = stats(|m| m.1);
     println!();
-    println!("standby holds the lock: median {taken_median:.0} ms, max {taken_max:.0} ms");
+    println!("{taken_is}: median {taken_median:.0} ms, max {taken_max:.0} ms");
     println!("standby's first commit: median {commit_median:.0} ms, max {commit_max:.0} ms (target: median < 5000 ms)");
-    println!(
-        "settings: checkpoint interval 1 s (default), standby poll {} ms, PostgreSQL store",
-        exactly::config::STANDBY_POLL.as_millis()
-    );
+    match mode {
+        Mode::Standby => println!(
+            "settings: checkpoint interval 1 s (default), standby poll {} ms, PostgreSQL store, parallelism 2",
+            exactly::config::STANDBY_POLL.as_millis()
+        ),
+        Mode::Workers => {
+            let l = exactly::core::membership::LeaseSettings::default();
+            println!(
+                "settings: checkpoint interval 1 s (default), lease term {:?}, renewal every {:?}, margin {:?}, \
+                 poll {:?} (the [workers] defaults), PostgreSQL store, parallelism 1",
+                l.term, l.renew_every, l.margin, l.poll
+            );
+        }
+    }
 }

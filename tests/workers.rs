@@ -144,6 +144,20 @@ fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigt
             w.log()
         );
     }
+    // `exactly status` shows the workers and who owns which region.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_exactly"))
+        .args(["status", file.to_str().unwrap()])
+        .output()
+        .expect("running exactly status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("workers: 3 live"), "{text}");
+    for pid in [a.child.id(), b.child.id(), c.child.id()] {
+        let owns = text
+            .lines()
+            .filter(|l| l.contains("owned by") && l.contains(&format!(":{pid}:")))
+            .count();
+        assert_eq!(owns, 2, "worker {pid} owns two regions:\n{text}");
+    }
     let rows = wait_for_rows_above(url, &table, rows, &mut [&mut a, &mut b, &mut c]);
 
     // A is frozen past its lease: the others take its regions while it
@@ -436,4 +450,152 @@ fn a_frozen_workers_kafka_producers_are_fenced_and_the_copy_is_exact() {
         Vec::<String>::new(),
         "checkpoints of a fenced epoch"
     );
+}
+
+/// A worker cut off from PostgreSQL and Kafka — it runs in a network
+/// namespace of the test's own whose loopback goes down: every packet of
+/// its connections dropped, nobody told — while records flow: the other
+/// workers take its regions when its leases run out; it stops acting on
+/// them by its own clock while still cut off; reconnected, it joins again
+/// and gets a share back. Every order exactly once, nothing left prepared,
+/// no checkpoint of a fenced epoch written late.
+#[test]
+fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_once() {
+    let pg = PostgresServer::start().expect("starting PostgreSQL");
+    let url = pg.url();
+    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+    let port_of = |address: &str| -> u16 {
+        let after_host = address.rsplit_once("127.0.0.1:").expect("a loopback address").1;
+        after_host
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .expect("a port")
+    };
+    let netns = common::netns::Netns::create("cut");
+    netns.forward(port_of(url));
+    netns.forward(port_of(kafka.bootstrap()));
+
+    let dir = tempfile::tempdir().unwrap();
+    let name = fresh("cut");
+    let topic = topic_reaching_every_subtask("cut", &[PARALLELISM]);
+    let table = fresh("cut_orders");
+    let feed = Feed::start_held(kafka.bootstrap(), &topic, ORDERS);
+    let file = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
+    let mut b = Worker::start(&file, dir.path(), "b");
+    let mut c = Worker::start(&file, dir.path(), "c");
+    wait_for_shares(
+        &mut [&mut b, &mut c],
+        |s| s == [3.0, 3.0],
+        "two workers, three regions each",
+    );
+    // The third runs inside the namespace (its metrics endpoint is there
+    // too: it is watched through its log).
+    let mut z = Worker::start_inside(&netns, &file, dir.path(), "cut-off");
+    wait_for_shares(
+        &mut [&mut b, &mut c],
+        |s| s == [2.0, 2.0],
+        "the third worker took a share",
+    );
+    let rows = wait_for_rows_above(url, &table, 0, &mut [&mut b, &mut c]);
+    let claimed = |z: &Worker| z.log().matches("claimed the region").count();
+    assert!(claimed(&z) >= 2, "{}", z.log());
+
+    netns.cut();
+    wait_for_shares(
+        &mut [&mut b, &mut c],
+        |s| s.iter().sum::<f64>() == PARALLELISM as f64,
+        "the cut-off worker's regions taken over",
+    );
+    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+    z.wait_for_log("stopped acting on the region at once", Duration::from_secs(60));
+    assert!(z.is_running(), "the cut-off worker rides the cut out:\n{}", z.log());
+
+    let before = claimed(&z);
+    netns.reconnect();
+    wait_for_shares(
+        &mut [&mut b, &mut c],
+        |s| s == [2.0, 2.0],
+        "the reconnected worker back with a share",
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while claimed(&z) < before + 2 {
+        assert!(Instant::now() < deadline && z.is_running(), "{}", z.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+
+    feed.finish();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while committed_orders(url, &table) < ORDERS {
+        assert!(
+            Instant::now() < deadline && b.is_running() && c.is_running() && z.is_running(),
+            "the orders did not all arrive:\n{}\n-----\n{}\n-----\n{}",
+            b.log(),
+            c.log(),
+            z.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for w in [z, b, c] {
+        let (ok, log) = w.stop(Duration::from_secs(60));
+        assert!(ok, "a worker did not stop cleanly after SIGTERM:\n{log}");
+    }
+    assert_orders_exactly_once(url, &table, &name, ORDERS, "after a worker was cut off and reconnected");
+    assert_eq!(
+        late_entries(url, &name),
+        Vec::<String>::new(),
+        "checkpoints of a fenced epoch"
+    );
+}
+
+/// Workers and a process running the pipeline alone (without `[workers]`)
+/// never run side by side: each is refused while the other runs, naming it
+/// and the fix, and touches nothing.
+#[test]
+fn workers_and_a_process_running_the_pipeline_alone_refuse_each_other() {
+    let pg = PostgresServer::start().expect("starting PostgreSQL");
+    let url = pg.url();
+    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+    let dir = tempfile::tempdir().unwrap();
+    let name = fresh("alone");
+    let topic = topic_reaching_every_subtask("alone", &[PARALLELISM]);
+    let table = fresh("alone_orders");
+    let feed = Feed::start_held(kafka.bootstrap(), &topic, 600);
+    let workers = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
+    let alone = dir.path().join("alone.toml");
+    std::fs::write(
+        &alone,
+        std::fs::read_to_string(&workers).unwrap().replace("[workers]", ""),
+    )
+    .unwrap();
+
+    let mut w = Worker::start(&workers, dir.path(), "worker");
+    wait_for_shares(&mut [&mut w], |s| s == [PARALLELISM as f64], "one worker, every region");
+    let mut refused = Worker::start(&alone, dir.path(), "alone");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused.is_running() {
+        assert!(Instant::now() < deadline, "{}", refused.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = refused.log();
+    assert!(log.contains("[workers]") && log.contains("worker "), "{log}");
+    let (ok, log) = w.stop(Duration::from_secs(60));
+    assert!(ok, "{log}");
+
+    let mut a = Worker::start(&alone, dir.path(), "alone-2");
+    a.wait_for_log("checkpoint complete", Duration::from_secs(120));
+    let mut refused = Worker::start(&workers, dir.path(), "worker-2");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused.is_running() {
+        assert!(Instant::now() < deadline, "{}", refused.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = refused.log();
+    assert!(log.contains("without [workers]"), "{log}");
+    assert!(!log.contains("claimed the region"), "{log}");
+    let (ok, log) = a.stop(Duration::from_secs(60));
+    assert!(ok, "{log}");
+    feed.finish();
 }

@@ -414,6 +414,9 @@ pub mod orders;
 /// A run of the binary in the background.
 pub mod run;
 
+/// A network namespace to cut a process off and reconnect it.
+pub mod netns;
+
 /// `/metrics` and the health endpoints of a run.
 pub mod scrape;
 

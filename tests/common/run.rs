@@ -19,15 +19,26 @@ impl Worker {
         Worker::start_with(file, dir, tag, &[])
     }
 
+    /// [`Worker::start`] inside `netns` (see [`super::netns`]).
+    pub fn start_inside(netns: &super::netns::Netns, file: &Path, dir: &Path, tag: &str) -> Worker {
+        let mut command = netns.exec();
+        command.arg(env!("CARGO_BIN_EXE_exactly"));
+        Worker::spawn(command, file, dir, tag, &[])
+    }
+
     /// [`Worker::start`] with `env` set (a fault-injection plan).
     pub fn start_with(file: &Path, dir: &Path, tag: &str, env: &[(&str, &str)]) -> Worker {
+        Worker::spawn(Command::new(env!("CARGO_BIN_EXE_exactly")), file, dir, tag, env)
+    }
+
+    fn spawn(mut command: Command, file: &Path, dir: &Path, tag: &str, env: &[(&str, &str)]) -> Worker {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
         let log = dir.join(format!("{tag}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_exactly"))
+        let child = command
             .args(["run", file.to_str().unwrap(), "--metrics-listen"])
             .arg(format!("127.0.0.1:{port}"))
             .env("RUST_LOG", "info")

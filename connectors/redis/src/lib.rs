@@ -344,6 +344,13 @@ impl RedisSinkFactory {
             connection: None,
             plan: self.plan.clone(),
             dead_letter_key: format!("exactly:dead-letters:{}", context.pipeline),
+            acting: context.ownership.as_ref().map(|o| o.acting.clone()),
+            epoch: context.ownership.as_ref().map(|o| {
+                (
+                    format!("exactly:epoch:{}:{}", context.pipeline, context.subtask),
+                    o.epoch.0,
+                )
+            }),
         })
     }
 
@@ -378,6 +385,11 @@ impl FencedSinkFactory for RedisSinkFactory {
     fn identity(&self) -> String {
         self.describe()
     }
+    /// The fence script compares the subtask's epoch key in the same
+    /// atomic call that applies a batch, and each new owner raises it.
+    fn fences_zombies(&self) -> bool {
+        true
+    }
     fn create(&self, context: SinkContext) -> Result<RedisSink, ConnectorError> {
         self.sink(&context)
     }
@@ -391,6 +403,11 @@ pub struct RedisSink {
     connection: Option<MultiplexedConnection>,
     plan: Arc<Plan>,
     dead_letter_key: String,
+    /// With several workers: the key holding the subtask's epoch, and this
+    /// owner's epoch (see [`EPOCH_RAISE_SCRIPT`]).
+    epoch: Option<(String, u64)>,
+    /// With several workers: until when this worker may act on the region.
+    acting: Option<exactly_core::acting::ActingGate>,
 }
 
 impl std::fmt::Debug for RedisSink {
@@ -406,9 +423,18 @@ impl std::fmt::Debug for RedisSink {
 /// letter), key, field ('' for none), amount or dead-letter JSON. Keys written
 /// by increments are not declared in KEYS, so it runs on standalone Redis (not
 /// Redis Cluster).
+///
+/// With several workers, KEYS[3] is the subtask's epoch key and the last
+/// ARGV this owner's epoch: the batch is applied only while the key holds
+/// that epoch (a newer owner raised it: `{-1, 0, 0}`, nothing applied).
 const FENCE_SCRIPT: &str = r#"
 local applied, dead, skipped = 0, 0, 0
-for i = 1, #ARGV, 6 do
+local n = #ARGV
+if #KEYS >= 3 then
+  if redis.call('GET', KEYS[3]) ~= ARGV[n] then return {-1, 0, 0} end
+  n = n - 1
+end
+for i = 1, n, 6 do
   local split, offset, kind = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local key, field, arg = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local fence = tonumber(redis.call('HGET', KEYS[1], split) or '-1')
@@ -429,6 +455,30 @@ for i = 1, #ARGV, 6 do
 end
 return {applied, dead, skipped}
 "#;
+
+/// A new owner's recovery raises the subtask's epoch key (KEYS[1]) to its
+/// epoch (ARGV[1]) unless it holds a higher one already (returned: this
+/// owner is the zombie); `-1` when raised. From then on the fence script
+/// refuses every batch of an older owner.
+const EPOCH_RAISE_SCRIPT: &str = r#"
+local held = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if held > tonumber(ARGV[1]) then return held end
+redis.call('SET', KEYS[1], ARGV[1])
+return -1
+"#;
+
+/// The error of a write or recovery by an owner whose epoch is older than
+/// the subtask's.
+fn fenced(mine: u64, held: Option<i64>) -> ConnectorError {
+    let newer = held.map_or_else(|| "a newer owner".to_string(), |e| format!("a newer owner (epoch {e})"));
+    ConnectorError::transient(
+        "redis sink",
+        format!(
+            "{newer} recovered this sink subtask and this worker holds epoch {mine}: it lost the region (a \
+             freeze or a cut-off past its lease) and writes nothing more to it"
+        ),
+    )
+}
 
 /// `url` as errors and logs show it: a password replaced by `***`.
 fn shown_url(url: &str) -> String {
@@ -502,11 +552,14 @@ impl RedisSink {
         self.check(result)
     }
 
-    /// Runs the fence script; returns (writes applied, dead letters recorded, skipped).
-    async fn fence(&mut self, keys: [String; 2], args: Vec<Vec<u8>>) -> Result<(usize, usize, usize), ConnectorError> {
+    /// Runs the fence script; returns (writes applied, dead letters
+    /// recorded, skipped), or `-1` applied when the epoch key refused it.
+    async fn fence(&mut self, keys: Vec<String>, args: Vec<Vec<u8>>) -> Result<(i64, i64, i64), ConnectorError> {
         let mut con = self.connection().await?;
         let mut invocation = fence_script().prepare_invoke();
-        invocation.key(&keys[0]).key(&keys[1]);
+        for key in &keys {
+            invocation.key(key);
+        }
         for a in args {
             invocation.arg(a);
         }
@@ -622,8 +675,24 @@ impl FencedSink for RedisSink {
         Ok(exactly_core::Closed::Released)
     }
 
+    /// With several workers, also raises the subtask's epoch key to this
+    /// owner's epoch (see [`EPOCH_RAISE_SCRIPT`]): no older owner's batch
+    /// is applied after it.
     async fn open(&mut self) -> Result<(), ConnectorError> {
-        IdempotentSink::open(self).await
+        IdempotentSink::open(self).await?;
+        if let Some((key, mine)) = self.epoch.clone() {
+            let mut con = self.connection().await?;
+            let raised: redis::RedisResult<i64> = redis::Script::new(EPOCH_RAISE_SCRIPT)
+                .key(&key)
+                .arg(mine)
+                .invoke_async(&mut con)
+                .await;
+            let held = self.check(raised)?;
+            if held >= 0 {
+                return Err(fenced(mine, Some(held)));
+            }
+        }
+        Ok(())
     }
 
     async fn write_fenced(&mut self, scope: &str, batch: &[Record]) -> Result<WriteOutcome, ConnectorError> {
@@ -655,8 +724,22 @@ impl FencedSink for RedisSink {
                 }
             }
         }
-        let keys = [format!("exactly:fence:{scope}"), self.dead_letter_key.clone()];
+        if self.acting.as_ref().is_some_and(|a| !a.holds()) {
+            return Err(ConnectorError::transient(
+                "redis sink",
+                "this worker's lease on the region may have run out (its deadline passed): not writing",
+            ));
+        }
+        let mut keys = vec![format!("exactly:fence:{scope}"), self.dead_letter_key.clone()];
+        if let Some((key, mine)) = &self.epoch {
+            keys.push(key.clone());
+            args.push(mine.to_string().into_bytes());
+        }
         let (applied, fresh_dead, skipped) = self.fence(keys, args).await?;
+        if applied < 0 {
+            return Err(fenced(self.epoch.as_ref().map_or(0, |e| e.1), None));
+        }
+        let (applied, fresh_dead, skipped) = (applied as usize, fresh_dead as usize, skipped as usize);
         // Dead letters recorded by an earlier attempt were skipped by the fence and
         // are not counted again (the reasons logged are those of the batch).
         dead_letters.truncate(fresh_dead);

@@ -149,6 +149,15 @@ pub trait FencedSinkFactory: Send + Sync + 'static {
     /// gets the subtask's own context (the adapter keeps a clone); connect
     /// lazily.
     fn create(&self, context: SinkContext) -> Result<Self::Sink, ConnectorError>;
+
+    /// See [`SinkFactory::fences_zombies`]: whether, given
+    /// [`SinkContext::ownership`], the store refuses the writes of an
+    /// owner of an older epoch once a newer one opened the subtask (for
+    /// example an epoch kept beside the position fence and compared by the
+    /// same atomic write). The default answers `false`.
+    fn fences_zombies(&self) -> bool {
+        false
+    }
 }
 
 fn count(metrics: &Metrics, outcome: &WriteOutcome) {
@@ -604,6 +613,9 @@ impl<S: FencedSink> IdempotentSink for ScopedFence<S> {
 impl<F: FencedSinkFactory> SinkFactory for Fenced<F> {
     fn identity(&self) -> String {
         format!("fenced({})", self.0.identity())
+    }
+    fn fences_zombies(&self) -> bool {
+        self.0.fences_zombies()
     }
     fn create(&self, context: SinkContext) -> Result<Box<dyn ErasedSink>, ConnectorError> {
         Ok(erase(ReplaySafeSink {

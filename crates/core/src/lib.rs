@@ -25,6 +25,7 @@
 //! [`membership`] (the pure model of which worker owns which region, with
 //! its own submodules).
 
+pub mod acting;
 mod coordinator;
 pub mod duration;
 mod error;

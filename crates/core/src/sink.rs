@@ -58,7 +58,7 @@ pub struct SinkContext {
 
 /// A worker's ownership of a sink subtask's region (see
 /// [`SinkContext::ownership`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Ownership {
     /// The region's epoch, raised by this worker's claim: every owner
     /// before it holds a lower one.
@@ -68,6 +68,10 @@ pub struct Ownership {
     /// only transactions of checkpoints below it, so the late recovery of a
     /// frozen earlier owner (a zombie) cannot touch this owner's work.
     pub first_checkpoint: CheckpointId,
+    /// Until when this worker may act, by its own clock: ask it right
+    /// before an action your store cannot refuse by epoch (see
+    /// [`ActingGate`](crate::acting::ActingGate)).
+    pub acting: crate::acting::ActingGate,
 }
 
 impl SinkContext {

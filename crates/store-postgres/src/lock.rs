@@ -110,6 +110,28 @@ pub(crate) async fn take(
         .map_err(|e| failed("locking the pipeline", e.into()))?
         .get(0);
     if taken {
+        // Workers of this pipeline share it without this lock: a process
+        // running it alone beside them would neither claim nor fence as
+        // they do. (A worker starting meanwhile asks for this lock's
+        // holder before it claims anything.)
+        let worker: Option<String> = client
+            .query_opt(
+                "SELECT worker FROM exactly_workers WHERE pipeline = $1 AND expires > now() LIMIT 1",
+                &[&pipeline],
+            )
+            .await
+            .map_err(|e| failed("looking for the pipeline's workers", e.into()))?
+            .map(|row| row.get(0));
+        if let Some(worker) = worker {
+            return Err(StoreError::Locked {
+                pipeline: pipeline.to_string(),
+                dir: location.to_string(),
+                holder: format!(
+                    "worker {worker} and the others of this pipeline's [workers]: run this process with the same \
+                     [workers] section to join them, or stop them first"
+                ),
+            });
+        }
         // Read and cleared under the lock: a row is the clean release of
         // the holder just before this one. On an error the session (and
         // the lock) ends with `client`.

@@ -272,6 +272,18 @@ impl KafkaSink {
     /// [`spawn_init`](Self::spawn_init) for any transactional id this
     /// subtask owns (its slots', or an adopted old subtask's).
     fn spawn_init_id(&self, id: String) -> Option<tokio::task::JoinHandle<Result<TxnProducer, InitError>>> {
+        // A worker past its deadline on the region must not initialize: the
+        // broker fences whoever initialized the id before, which may be the
+        // region's new owner by now.
+        if let Some(owned) = self.context.ownership.as_ref().filter(|o| !o.acting.holds()) {
+            tracing::warn!(
+                subtask = self.context.subtask,
+                transactional_id = %id,
+                epoch = %owned.epoch,
+                "this worker's lease on the region may have run out: not initializing a producer"
+            );
+            return None;
+        }
         let Ok(in_flight) = self.settings.init_lock(self.context.subtask).try_read_owned() else {
             tracing::debug!(
                 subtask = self.context.subtask,
@@ -282,9 +294,14 @@ impl KafkaSink {
         };
         let config = self.settings.producer.clone();
         add(&self.settings.metrics.producers_initialized, 1);
+        let acting = self.context.ownership.as_ref().map(|o| o.acting.clone());
         Some(tokio::task::spawn_blocking(move || {
             let _in_flight = in_flight;
             fault::pause_blocking("kafka_sink.before_init_producer");
+            // Asked again right before the call: the thread may have waited.
+            if acting.is_some_and(|a| !a.holds()) {
+                return Err(InitError::past_deadline(&id));
+            }
             TxnProducer::init(&config, &id, REQUEST_TIMEOUT)
         }))
     }

@@ -116,6 +116,18 @@ pub(crate) struct InitError {
 }
 
 impl InitError {
+    /// Not initialized: the worker's deadline on the region passed (see
+    /// `exactly_core::acting`).
+    pub(crate) fn past_deadline(id: &str) -> InitError {
+        InitError {
+            fatal: false,
+            message: format!(
+                "not initializing transactional id {id}: this worker's lease on the region may have run out"
+            ),
+            cause: None,
+        }
+    }
+
     /// The connector error of `context` this is.
     pub(crate) fn into_error(self, context: String) -> ConnectorError {
         let error = if self.fatal {

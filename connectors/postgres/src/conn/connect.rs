@@ -53,33 +53,47 @@ pub(crate) fn application_name(pipeline: &str) -> String {
 }
 
 /// The `application_name` of a worker's connections for sink subtask
-/// `subtask` owned under `epoch`: `exactly <pipeline> s<subtask>e<epoch>
-/// pid=<pid>.<tag>`, so a newer owner can tell a zombie's sessions apart
+/// `subtask` owned under `epoch`: `exactly s<subtask>e<epoch> <pipeline>
+/// pid=<pid>.<tag>` (the mark first, so cutting a long pipeline name never
+/// cuts it), so a newer owner can tell a zombie's sessions apart
 /// ([`owned_by`]).
 pub(crate) fn owned_application_name(pipeline: &str, subtask: usize, epoch: u64) -> String {
-    named(pipeline, &format!(" s{subtask}e{epoch}"))
+    named(pipeline, &format!("s{subtask}e{epoch} "))
 }
 
 /// The epoch of a worker's session of sink subtask `subtask` of
 /// `pipeline`, read from its `application_name` (see
-/// [`owned_application_name`]).
+/// [`owned_application_name`]): the pipeline's name in it must be the
+/// whole name, or — when the name was cut to fit — its beginning.
 pub(crate) fn owned_by(name: &str, pipeline: &str, subtask: usize) -> Option<u64> {
-    let plain = application_name(pipeline);
-    let head = plain.rsplit_once(" pid=")?.0;
-    let rest = name.strip_prefix(head)?;
-    let mark = rest.strip_prefix(&format!(" s{subtask}e"))?;
-    mark.split_once(' ')?.0.parse().ok()
+    let rest = name.strip_prefix(&format!("exactly s{subtask}e"))?;
+    let (epoch, rest) = rest.split_once(' ')?;
+    let epoch = epoch.parse().ok()?;
+    let (shown, _) = rest.rsplit_once(" pid=")?;
+    let full = printable(pipeline);
+    let cut = name.len() >= MAX_APPLICATION_NAME;
+    let same = if cut {
+        !shown.is_empty() && full.starts_with(shown)
+    } else {
+        shown == full
+    };
+    same.then_some(epoch)
+}
+
+/// `pipeline` with every character that is not printable ASCII as `?`.
+fn printable(pipeline: &str) -> String {
+    pipeline
+        .chars()
+        .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+        .collect()
 }
 
 fn named(pipeline: &str, mark: &str) -> String {
-    let suffix = format!("{mark} {}", process_tag());
-    let room = MAX_APPLICATION_NAME - "exactly ".len() - suffix.len();
-    let name: String = pipeline
-        .chars()
-        .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
-        .take(room)
-        .collect();
-    format!("exactly {name}{suffix}")
+    let head = format!("exactly {mark}");
+    let suffix = format!(" {}", process_tag());
+    let room = MAX_APPLICATION_NAME - head.len() - suffix.len();
+    let name: String = printable(pipeline).chars().take(room).collect();
+    format!("{head}{name}{suffix}")
 }
 
 #[cfg(test)]
@@ -98,15 +112,27 @@ mod tests {
     }
 
     #[test]
-    fn a_workers_session_names_its_subtask_and_epoch() {
+    fn a_workers_session_names_its_subtask_and_epoch_whatever_the_pipelines_length() {
         let name = owned_application_name("orders-to-pg", 3, 17);
-        assert!(name.starts_with("exactly orders-to-pg s3e17 pid="), "{name}");
+        assert!(name.starts_with("exactly s3e17 orders-to-pg pid="), "{name}");
         assert_eq!(owned_by(&name, "orders-to-pg", 3), Some(17));
-        assert_eq!(owned_by(&name, "orders-to-pg", 4), None);
-        assert_eq!(owned_by(&name, "orders", 3), None);
+        assert_eq!(owned_by(&name, "orders-to-pg", 4), None, "another subtask");
+        assert_eq!(owned_by(&name, "orders", 3), None, "another pipeline");
+        assert_eq!(
+            owned_by(&name, "orders-to-pg-2", 3),
+            None,
+            "a pipeline whose name it begins"
+        );
         assert_eq!(owned_by(&application_name("orders-to-pg"), "orders-to-pg", 3), None);
+        for length in [20, 30, 33, 40, 100] {
+            let pipeline = "p".repeat(length);
+            for epoch in [9, 12_345, u64::MAX] {
+                let name = owned_application_name(&pipeline, 5, epoch);
+                assert!(name.len() <= MAX_APPLICATION_NAME, "{name}");
+                assert_eq!(owned_by(&name, &pipeline, 5), Some(epoch), "{name}");
+            }
+        }
         let long = owned_application_name(&"p".repeat(100), 5, 9);
-        assert!(long.len() <= MAX_APPLICATION_NAME, "{long}");
-        assert_eq!(owned_by(&long, &"p".repeat(100), 5), Some(9));
+        assert_eq!(owned_by(&long, &"q".repeat(100), 5), None);
     }
 }

@@ -21,7 +21,7 @@ pub(crate) struct Subtask {
 impl Subtask {
     /// The `application_name` of this sink's connections.
     pub(crate) fn application_name(&self) -> String {
-        match self.context.ownership {
+        match &self.context.ownership {
             Some(owned) => owned_application_name(&self.context.pipeline, self.context.subtask, owned.epoch.0),
             None => application_name(&self.context.pipeline),
         }

@@ -20,10 +20,12 @@
 //!   number of times — it never waits unboundedly on a transaction only it
 //!   can end. A row already above its epoch means it is the zombie: fenced.
 //!
-//! A zombie's late recovery is harmless too: it finds the row above its
-//! epoch and stops before it rolls anything back, and its rollbacks are
-//! limited to checkpoints below its own first one, which every newer
-//! owner's transactions are above.
+//! A zombie's late recovery is harmless too: when its raise is blocked (a
+//! newer owner's prepared transactions hold the rows between their prepare
+//! and commit), it reads the rows without locking first and stops when they
+//! are above its epoch; and whatever it may still roll back is limited to
+//! checkpoints below its own first one, which every newer owner's
+//! transactions are above.
 
 use std::time::Duration;
 
@@ -78,9 +80,44 @@ pub(crate) fn fenced(subtask: &Subtask, mine: u64, current: i64) -> ConnectorErr
         subtask.label("checking the region's epoch"),
         format!(
             "a newer owner (epoch {current}) recovered this sink subtask, and this worker holds epoch {mine}: it \
-             lost the region (a freeze or a cut-off past its lease) and writes nothing more to it"
+             lost the region (a freeze or a cut-off past its lease) and writes nothing more to it. (If the \
+             checkpoint store was reset while this sink's database kept its fence rows, every worker is refused \
+             so: delete the pipeline's rows from {})",
+            table(subtask).sql()
         ),
     )
+}
+
+/// The error of a prepare after this worker's deadline on the region
+/// passed (its lease may have run out).
+pub(crate) fn past_deadline(subtask: &Subtask) -> ConnectorError {
+    ConnectorError::transient(
+        subtask.label("PREPARE TRANSACTION"),
+        "this worker's lease on the region may have run out (its deadline passed): not preparing",
+    )
+}
+
+/// The highest epoch in the fence rows of `owned` above `mine`, if any:
+/// read without locking, so it answers even while a transaction holds a
+/// row.
+pub(crate) async fn newer(
+    client: &Client,
+    subtask: &Subtask,
+    owned: &[i32],
+    mine: u64,
+) -> Result<Option<i64>, ConnectorError> {
+    let sql = format!(
+        "SELECT max(epoch) FROM {} WHERE pipeline = $1 AND sink_table = $2 AND subtask = ANY($3)",
+        table(subtask).sql()
+    );
+    let row = client
+        .query_one(
+            &sql,
+            &[&subtask.context.pipeline, &subtask.settings.table_label, &owned],
+        )
+        .await
+        .map_err(|e| subtask.pg_error("reading the fence rows", e))?;
+    Ok(row.get::<_, Option<i64>>(0).filter(|e| *e > mine as i64))
 }
 
 /// Reads the subtask's fence row `FOR SHARE` inside the open transaction

@@ -58,7 +58,7 @@ impl PostgresSink {
 
         // A worker rolls back only transactions below its first checkpoint:
         // a newer owner's are above it (see `fence`).
-        let first = self.subtask.context.ownership.map(|o| o.first_checkpoint.0);
+        let first = self.subtask.context.ownership.as_ref().map(|o| o.first_checkpoint.0);
         let owned: Vec<String> = prepared
             .iter()
             .filter(|p| self.owned.contains(&p.subtask))

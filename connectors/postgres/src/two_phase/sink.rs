@@ -617,10 +617,13 @@ impl PostgresSink {
                     if let Some(e) = fence::gave_up(&self.subtask, tries) {
                         return Err(e);
                     }
-                    tracing::info!(%epoch, tries, "an earlier owner's transaction holds the fence: ending it");
-                    self.recover_owned(pending).await?;
                     let client = self.committer.client().await?;
+                    if let Some(newer) = fence::newer(client, &self.subtask, &owned, epoch).await? {
+                        return Err(fence::fenced(&self.subtask, epoch, newer));
+                    }
+                    tracing::info!(%epoch, tries, "an earlier owner's transaction holds the fence: ending it");
                     fence::end_older_sessions(client, &self.subtask, epoch).await?;
+                    self.recover_owned(pending).await?;
                     tokio::time::sleep(fence::RAISE_PAUSE).await;
                 }
             }
@@ -712,8 +715,8 @@ impl TwoPhaseCommitSink for PostgresSink {
             // the transactions recovery commits, now).
             Targets::ByTopic(_) => prepare_commit_log(client, &settings).await?,
         };
-        if let Some(owned) = self.subtask.context.ownership {
-            self.raise_fence(pending, owned.epoch.0).await?;
+        if let Some(epoch) = self.subtask.context.ownership.as_ref().map(|o| o.epoch.0) {
+            self.raise_fence(pending, epoch).await?;
         }
         self.recover_owned(pending).await?;
         // Nothing of this pipeline holds staged rows now: staging tables of

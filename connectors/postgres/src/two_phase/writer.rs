@@ -397,9 +397,12 @@ impl Writer {
     ) -> Result<(), ConnectorError> {
         self.finish_unrefused(checkpoint).await?;
         let client = self.client()?;
-        if let Some(owned) = self.subtask.context.ownership {
+        if let Some(owned) = &self.subtask.context.ownership {
             // Refused: the transaction stays open; `begin` or `recover`
             // rolls it back.
+            if !owned.acting.holds() {
+                return Err(super::fence::past_deadline(&self.subtask));
+            }
             super::fence::check(client, &self.subtask, owned.epoch.0).await?;
         }
         let result = async {

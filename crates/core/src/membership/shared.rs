@@ -60,4 +60,11 @@ pub trait LeaseStore: Send + Sync {
 
     /// Deletes `who`'s membership row — [`Order::Leave`](super::Order::Leave).
     async fn leave(&self, who: &WorkerId) -> Result<(), AccessError>;
+
+    /// The process that runs the pipeline alone (without workers, holding
+    /// the store's lock), if one does now: workers must not run beside it
+    /// (it neither claims nor fences as they do). `None` by default.
+    async fn sole_holder(&self) -> Result<Option<String>, AccessError> {
+        Ok(None)
+    }
 }

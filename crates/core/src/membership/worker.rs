@@ -212,6 +212,12 @@ impl Worker {
         self.held.get(&region).filter(|h| now < h.deadline).map(|h| h.epoch)
     }
 
+    /// Until when (exclusive) the worker may act on `region` under
+    /// `epoch`, on its own clock; `None` when it does not hold it so.
+    pub fn deadline(&self, region: usize, epoch: Epoch) -> Option<MonoTime> {
+        self.held.get(&region).filter(|h| h.epoch == epoch).map(|h| h.deadline)
+    }
+
     /// The regions the worker holds (acting or handing over), lowest first.
     pub fn held(&self) -> Vec<(usize, Epoch)> {
         self.held.iter().map(|(r, h)| (*r, h.epoch)).collect()

@@ -434,7 +434,7 @@ impl Pipeline {
     async fn run_attempt(
         &self,
         region: &region::Region,
-        claimed: Option<crate::membership::Epoch>,
+        claimed: Option<&restore::Claimed>,
         stop: tokio::sync::watch::Receiver<bool>,
         left_open: &std::sync::atomic::AtomicBool,
     ) -> Result<Option<crate::record::CheckpointId>, AttemptFailure> {
@@ -443,7 +443,7 @@ impl Pipeline {
         // record flows before both are done and wired); a sink's failure is
         // reported first, as if they ran one after the other.
         let (sinks, sources) = tokio::join!(
-            self.recover_sinks(region, &restored),
+            self.recover_sinks(region, &restored, claimed),
             self.restore_sources(region, &restored)
         );
         let (sinks, mut sources) = (sinks?, sources?);

@@ -14,6 +14,13 @@ use crate::sink::{ErasedSink, SinkContext};
 use crate::source::Source;
 use crate::store::{check_fingerprint, AllowedChanges, CheckpointEntry};
 
+/// A worker's claim of a region: the epoch the claim raised, and until
+/// when the worker may act on it.
+pub(super) struct Claimed {
+    pub(super) epoch: Epoch,
+    pub(super) acting: crate::acting::ActingGate,
+}
+
 /// What an attempt starts from.
 pub(super) struct Restored {
     /// The epoch this attempt took the region's sequence under: every write
@@ -94,16 +101,16 @@ impl Pipeline {
     /// already; the attempt reads the head after it and goes on only while
     /// the epoch is still that one (else another worker took the region:
     /// [`StoreError::Fenced`](crate::StoreError::Fenced)).
-    pub(super) async fn restore(&self, region: &Region, claimed: Option<Epoch>) -> Result<Restored, AttemptFailure> {
+    pub(super) async fn restore(&self, region: &Region, claimed: Option<&Claimed>) -> Result<Restored, AttemptFailure> {
         region.wait_for_previous_write().await;
         let checkpoints = &region.checkpoints;
         let fail = |e| self.store_failure(e);
         let head = match claimed {
             None => checkpoints.take(&crate::store::this_process()).await.map_err(fail)?,
-            Some(epoch) => {
+            Some(claimed) => {
                 let head = checkpoints.head().await.map_err(fail)?;
-                if head.epoch != epoch {
-                    return Err(fail(checkpoints.fenced(epoch, head.epoch)));
+                if head.epoch != claimed.epoch {
+                    return Err(fail(checkpoints.fenced(claimed.epoch, head.epoch)));
                 }
                 head
             }
@@ -170,6 +177,7 @@ impl Pipeline {
         &self,
         region: &Region,
         restored: &Restored,
+        claimed: Option<&Claimed>,
     ) -> Result<Vec<(usize, Box<dyn ErasedSink>)>, AttemptFailure> {
         let p = self.config.parallelism;
         let previous = restored.previous_parallelism();
@@ -186,10 +194,11 @@ impl Pipeline {
             let mut context = SinkContext::new(&self.config.name, i, p, self.metrics.clone())
                 .with_adopted(adopted)
                 .with_restorable(region.restorable.clone());
-            if self.config.workers.is_some() {
+            if let Some(claimed) = claimed {
                 context = context.with_ownership(crate::sink::Ownership {
                     epoch: restored.epoch,
                     first_checkpoint: restored.base().next(),
+                    acting: claimed.acting.clone(),
                 });
             }
             let sink = self

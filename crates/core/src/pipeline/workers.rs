@@ -38,7 +38,9 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, info_span, warn, Instrument};
 
 use super::region::Region;
+use super::restore::Claimed;
 use super::{Pipeline, RunSummary};
+use crate::acting::{boot_ms, ActingGate};
 use crate::error::{PipelineError, StoreError};
 use crate::membership::{Claim, Epoch, Input, LeaseSettings, LeaseStore, MonoTime, Order, Worker, WorkerId};
 use crate::record::CheckpointId;
@@ -61,6 +63,8 @@ type RunnerFuture<'a> = Pin<Box<dyn Future<Output = RegionEnd> + Send + 'a>>;
 /// A region this worker acts on.
 struct Running<'a> {
     epoch: Epoch,
+    /// Its deadline, for the region's subtasks.
+    acting: ActingGate,
     /// `true`: take a last checkpoint and end.
     stop: watch::Sender<bool>,
     future: RunnerFuture<'a>,
@@ -77,31 +81,24 @@ fn worker_id() -> WorkerId {
     ))
 }
 
-/// The worker's monotonic clock: `CLOCK_BOOTTIME`, which keeps counting
-/// while the machine sleeps (`Instant` does not), in milliseconds since
-/// the worker started.
+/// The worker's monotonic clock: `CLOCK_BOOTTIME` (see [`crate::acting`]),
+/// in milliseconds since the worker started.
 struct BootClock {
     origin: u64,
 }
 
 impl BootClock {
-    fn read_ms() -> u64 {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists
-        // on every Linux this runs on.
-        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-        assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
-        ts.tv_sec as u64 * 1_000 + ts.tv_nsec as u64 / 1_000_000
-    }
-
     fn start() -> BootClock {
-        BootClock {
-            origin: Self::read_ms(),
-        }
+        BootClock { origin: boot_ms() }
     }
 
     fn now(&self) -> MonoTime {
-        MonoTime(Self::read_ms().saturating_sub(self.origin))
+        MonoTime(boot_ms().saturating_sub(self.origin))
+    }
+
+    /// `t` on the boot clock itself (what an [`ActingGate`] holds).
+    fn boot(&self, t: MonoTime) -> u64 {
+        self.origin.saturating_add(t.0)
     }
 
     /// How long from now until `t`.
@@ -140,6 +137,22 @@ impl Pipeline {
         mut shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
     ) -> Result<RunSummary, PipelineError> {
         let regions = self.prepare_worker_layout().await?;
+        let refused = |e: StoreError| PipelineError::Store {
+            pipeline: self.config.name.clone(),
+            source: Box::new(e),
+        };
+        // A process running the pipeline alone (without workers) neither
+        // claims nor fences as workers do: never beside it.
+        if let Some(holder) = leases.sole_holder().await.map_err(|e| refused(e.into()))? {
+            return Err(refused(StoreError::Locked {
+                pipeline: self.config.name.clone(),
+                dir: self.store.location(),
+                holder: format!(
+                    "{holder}, which runs the pipeline without [workers]: stop it first, or give it the same \
+                     [workers] section"
+                ),
+            }));
+        }
         let me = worker_id();
         info!(
             worker = %me,
@@ -162,6 +175,9 @@ impl Pipeline {
         let mut finished = std::collections::BTreeSet::new();
         let mut fatal: Option<PipelineError> = None;
         let mut shutting_down = false;
+        // Releases and the leave in flight: awaited before returning, so an
+        // exit does not cut them off (the others would wait out the term).
+        let mut farewells = Vec::new();
         let mut orders = worker.handle(clock.now(), Input::Tick);
         loop {
             let mut exit = false;
@@ -218,12 +234,28 @@ impl Pipeline {
                         self.metrics.region_claimed();
                         info!(region, %epoch, worker = %me, "claimed the region: recovering it under its new epoch");
                         let (stop, stop_rx) = watch::channel(false);
-                        let future = Box::pin(self.run_owned(&regions[region], epoch, stop_rx, &left_open, &attempts));
-                        running.insert(region, Running { epoch, stop, future });
+                        let deadline = worker.deadline(region, epoch).unwrap_or_default();
+                        let acting = ActingGate::until(clock.boot(deadline));
+                        let claimed = Claimed {
+                            epoch,
+                            acting: acting.clone(),
+                        };
+                        let future =
+                            Box::pin(self.run_owned(&regions[region], claimed, stop_rx, &left_open, &attempts));
+                        let r = Running {
+                            epoch,
+                            acting,
+                            stop,
+                            future,
+                        };
+                        running.insert(region, r);
                     }
                     Order::Stop { region, epoch } => {
                         finished.remove(&region);
-                        if running.remove(&region).is_some() {
+                        handing_over.remove(&region);
+                        if let Some(stopped) = running.remove(&region) {
+                            stopped.acting.close();
+                            drop(stopped);
                             self.metrics.region_dropped();
                             warn!(
                                 region,
@@ -245,30 +277,45 @@ impl Pipeline {
                     }
                     Order::Release { region, epoch } => {
                         let (leases, me) = (leases.clone(), me.clone());
-                        tokio::spawn(async move {
+                        farewells.push(tokio::spawn(async move {
                             match leases.release(region, &me, epoch).await {
                                 Ok(true) => info!(region, %epoch, "released the region's lease"),
                                 Ok(false) => {}
-                                Err(e) => {
-                                    warn!(region, error = %crate::ErrorChain(&e), "could not release the region's lease: it runs out on its own")
-                                }
+                                Err(e) => warn!(
+                                    region,
+                                    error = %crate::ErrorChain(&e),
+                                    "could not release the region's lease: it runs out on its own"
+                                ),
                             }
-                        });
+                        }));
                     }
                     Order::Leave => {
                         let (leases, me) = (leases.clone(), me.clone());
-                        tokio::spawn(async move {
+                        farewells.push(tokio::spawn(async move {
                             if let Err(e) = leases.leave(&me).await {
                                 warn!(error = %crate::ErrorChain(&e), "could not leave the workers: the membership runs out on its own");
                             }
-                        });
+                        }));
                     }
                     Order::Exit => exit = true,
                 }
             }
             self.metrics.set_regions_owned(running.len() + finished.len());
+            for (region, r) in &running {
+                if let Some(deadline) = worker.deadline(*region, r.epoch) {
+                    r.acting.extend(clock.boot(deadline));
+                }
+            }
+            farewells.retain(|f| !f.is_finished());
             if exit {
                 break;
+            }
+            // Due already (the timer below counts on a clock that stops while
+            // the machine sleeps; the worker's does not): tick before any
+            // runner is polled again.
+            if worker.next_tick().is_some_and(|t| t <= clock.now()) {
+                orders = worker.handle(clock.now(), Input::Tick);
+                continue;
             }
             let wait = worker.next_tick().map_or(Duration::from_secs(3600), |t| clock.until(t));
             tokio::select! {
@@ -282,6 +329,7 @@ impl Pipeline {
                 }
                 (region, end) = next_end(&mut running) => {
                     let Some(ended) = running.remove(&region) else { continue };
+                    ended.acting.close();
                     let now = clock.now();
                     let handed = handing_over.remove(&region);
                     orders = match end {
@@ -314,6 +362,9 @@ impl Pipeline {
                 }
             }
         }
+        for farewell in farewells {
+            let _ = tokio::time::timeout(Duration::from_secs(5), farewell).await;
+        }
         info!(worker = %me, "left the pipeline's workers");
         if let Some(e) = fatal {
             return Err(e);
@@ -330,7 +381,7 @@ impl Pipeline {
     async fn run_owned(
         &self,
         region: &Region,
-        epoch: Epoch,
+        claimed: Claimed,
         stop: watch::Receiver<bool>,
         left_open: &AtomicBool,
         attempts: &Mutex<BTreeMap<usize, u32>>,
@@ -339,7 +390,8 @@ impl Pipeline {
         for &subtask in region.sources.iter().chain(&region.sinks) {
             self.metrics.assign_region(subtask, index);
         }
-        let attempt = self.run_attempt(region, Some(epoch), stop, left_open);
+        let epoch = claimed.epoch;
+        let attempt = self.run_attempt(region, Some(&claimed), stop, left_open);
         let result = attempt.instrument(info_span!("region", region = index, %epoch)).await;
         let count = |progress: bool| {
             let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
@@ -352,7 +404,10 @@ impl Pipeline {
                 count(true);
                 RegionEnd::Done(last)
             }
-            Err(failure) if is_fenced(&failure.error) => RegionEnd::Lost,
+            // Refused for its epoch by the checkpoint store, or failed once
+            // the deadline passed (a sink's own fence refusing it, a call cut
+            // short): the region is someone else's, or about to be.
+            Err(failure) if is_fenced(&failure.error) || !claimed.acting.holds() => RegionEnd::Lost,
             Err(failure) if !failure.retriable => {
                 error!(region = index, error = %crate::ErrorChain(&failure.error), "failed; not retriable");
                 RegionEnd::Fatal(failure.error)
