@@ -67,6 +67,13 @@ if command -v redis-server >/dev/null 2>&1; then
 else
     packages+=(redis-server)
 fi
+# tests/workers.rs cuts a worker off the network in a namespace of its own
+# (`ip netns`).
+if command -v ip >/dev/null 2>&1; then
+    log "ip (iproute2) present, skipping"
+else
+    packages+=(iproute2)
+fi
 if ! command -v psql >/dev/null 2>&1 && [[ ! " ${packages[*]-} " == *" postgresql "* ]]; then
     packages+=(postgresql-client)
 fi

@@ -106,6 +106,23 @@ fn late_entries(url: &str, pipeline: &str) -> Vec<String> {
     })
 }
 
+/// Checkpoint ids the store holds more than one entry of in a region (an
+/// id used twice, by two owners or two attempts).
+fn reused_ids(url: &str, pipeline: &str) -> Vec<String> {
+    with_postgres(url, async |db| {
+        db.query(
+            "SELECT scope || ' checkpoint ' || checkpoint_id || ': ' || count(*) || ' entries' \
+             FROM exactly_checkpoints WHERE pipeline = $1 GROUP BY scope, checkpoint_id HAVING count(*) > 1",
+            &[&pipeline],
+        )
+        .await
+        .expect("reading the store")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    })
+}
+
 #[test]
 fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigterm() {
     let pg = PostgresServer::start().expect("starting PostgreSQL");
@@ -224,6 +241,11 @@ fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigt
         Vec::<String>::new(),
         "checkpoints of a fenced epoch"
     );
+    assert_eq!(
+        reused_ids(url, &name),
+        Vec::<String>::new(),
+        "checkpoint ids used twice"
+    );
 }
 
 /// Occurrences of `what` in the logs of `workers`.
@@ -329,6 +351,11 @@ fn a_worker_frozen_past_its_lease_at_each_phase_drops_its_regions_exactly_once()
         late_entries(url, &name),
         Vec::<String>::new(),
         "checkpoints of a fenced epoch"
+    );
+    assert_eq!(
+        reused_ids(url, &name),
+        Vec::<String>::new(),
+        "checkpoint ids used twice"
     );
 }
 
@@ -450,6 +477,11 @@ fn a_frozen_workers_kafka_producers_are_fenced_and_the_copy_is_exact() {
         Vec::<String>::new(),
         "checkpoints of a fenced epoch"
     );
+    assert_eq!(
+        reused_ids(url, &name),
+        Vec::<String>::new(),
+        "checkpoint ids used twice"
+    );
 }
 
 /// A worker cut off from PostgreSQL and Kafka — it runs in a network
@@ -547,6 +579,11 @@ fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_onc
         late_entries(url, &name),
         Vec::<String>::new(),
         "checkpoints of a fenced epoch"
+    );
+    assert_eq!(
+        reused_ids(url, &name),
+        Vec::<String>::new(),
+        "checkpoint ids used twice"
     );
 }
 
