@@ -676,8 +676,8 @@ impl FencedSink for RedisSink {
     }
 
     /// With several workers, also raises the subtask's epoch key to this
-    /// owner's epoch (see [`EPOCH_RAISE_SCRIPT`]): no older owner's batch
-    /// is applied after it.
+    /// owner's epoch (a script that never lowers it): no older owner's
+    /// batch is applied after it.
     async fn open(&mut self) -> Result<(), ConnectorError> {
         IdempotentSink::open(self).await?;
         if let Some((key, mine)) = self.epoch.clone() {

@@ -324,7 +324,8 @@ impl LeaseStore for PgLeases {
                 "asking who holds the pipeline's lock",
                 Effect::Reads,
                 "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 1",
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 1 \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[&((key >> 32) as u32), &(key as u32)],
             )
             .await?;

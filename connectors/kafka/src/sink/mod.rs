@@ -314,6 +314,12 @@ impl KafkaSink {
             .map(|id| self.spawn_init_id(id))
             .collect::<Option<Vec<_>>>()
         else {
+            if self.context.ownership.as_ref().is_some_and(|o| !o.acting.holds()) {
+                return Err(self.transient(
+                    "this worker's lease on the region may have run out (its deadline passed): not initializing \
+                     producers",
+                ));
+            }
             return Err(self.transient("another recovery of this subtask is running; retrying after it"));
         };
         let mut producers = Vec::new();

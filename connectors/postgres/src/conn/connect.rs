@@ -53,31 +53,31 @@ pub(crate) fn application_name(pipeline: &str) -> String {
 }
 
 /// The `application_name` of a worker's connections for sink subtask
-/// `subtask` owned under `epoch`: `exactly s<subtask>e<epoch> <pipeline>
-/// pid=<pid>.<tag>` (the mark first, so cutting a long pipeline name never
-/// cuts it), so a newer owner can tell a zombie's sessions apart
+/// `subtask` owned under `epoch`: `exactly s<subtask>e<epoch>h<hash>
+/// <pipeline> pid=<pid>.<tag>`, where `<hash>` is 8 hex digits of the
+/// SHA-256 of the whole pipeline name (the name itself may be cut to fit
+/// 63 bytes, and other characters than printable ASCII shown as `?`): a
+/// newer owner tells this pipeline's zombie sessions apart by it
 /// ([`owned_by`]).
 pub(crate) fn owned_application_name(pipeline: &str, subtask: usize, epoch: u64) -> String {
-    named(pipeline, &format!("s{subtask}e{epoch} "))
+    named(pipeline, &format!("s{subtask}e{epoch}h{} ", pipeline_hash(pipeline)))
+}
+
+/// 8 hex digits of the SHA-256 of `pipeline`.
+fn pipeline_hash(pipeline: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(pipeline.as_bytes())[..4])
 }
 
 /// The epoch of a worker's session of sink subtask `subtask` of
 /// `pipeline`, read from its `application_name` (see
-/// [`owned_application_name`]): the pipeline's name in it must be the
-/// whole name, or — when the name was cut to fit — its beginning.
+/// [`owned_application_name`]).
 pub(crate) fn owned_by(name: &str, pipeline: &str, subtask: usize) -> Option<u64> {
     let rest = name.strip_prefix(&format!("exactly s{subtask}e"))?;
-    let (epoch, rest) = rest.split_once(' ')?;
-    let epoch = epoch.parse().ok()?;
-    let (shown, _) = rest.rsplit_once(" pid=")?;
-    let full = printable(pipeline);
-    let cut = name.len() >= MAX_APPLICATION_NAME;
-    let same = if cut {
-        !shown.is_empty() && full.starts_with(shown)
-    } else {
-        shown == full
-    };
-    same.then_some(epoch)
+    let (mark, _) = rest.split_once(' ')?;
+    let (epoch, hash) = mark.split_once('h')?;
+    (hash == pipeline_hash(pipeline)).then_some(())?;
+    epoch.parse().ok()
 }
 
 /// `pipeline` with every character that is not printable ASCII as `?`.
@@ -114,7 +114,8 @@ mod tests {
     #[test]
     fn a_workers_session_names_its_subtask_and_epoch_whatever_the_pipelines_length() {
         let name = owned_application_name("orders-to-pg", 3, 17);
-        assert!(name.starts_with("exactly s3e17 orders-to-pg pid="), "{name}");
+        assert!(name.starts_with("exactly s3e17h"), "{name}");
+        assert!(name.contains(" orders-to-pg pid="), "{name}");
         assert_eq!(owned_by(&name, "orders-to-pg", 3), Some(17));
         assert_eq!(owned_by(&name, "orders-to-pg", 4), None, "another subtask");
         assert_eq!(owned_by(&name, "orders", 3), None, "another pipeline");
@@ -124,15 +125,27 @@ mod tests {
             "a pipeline whose name it begins"
         );
         assert_eq!(owned_by(&application_name("orders-to-pg"), "orders-to-pg", 3), None);
+        assert_eq!(
+            owned_by(&application_name("s3e5 foo"), "foo", 3),
+            None,
+            "a pipeline named like a mark"
+        );
         for length in [20, 30, 33, 40, 100] {
             let pipeline = "p".repeat(length);
             for epoch in [9, 12_345, u64::MAX] {
                 let name = owned_application_name(&pipeline, 5, epoch);
                 assert!(name.len() <= MAX_APPLICATION_NAME, "{name}");
                 assert_eq!(owned_by(&name, &pipeline, 5), Some(epoch), "{name}");
+                assert_eq!(owned_by(&name, &format!("{pipeline}-2"), 5), None, "{name}");
             }
         }
-        let long = owned_application_name(&"p".repeat(100), 5, 9);
-        assert_eq!(owned_by(&long, &"q".repeat(100), 5), None);
+        // Cut to the same text, told apart by the hash.
+        let (west1, west2) = (
+            "acme-orders-to-postgres-eu-west-1-x",
+            "acme-orders-to-postgres-eu-west-2-x",
+        );
+        let a = owned_application_name(&format!("{}{west1}", "p".repeat(40)), 0, 7);
+        assert_eq!(owned_by(&a, &format!("{}{west2}", "p".repeat(40)), 0), None, "{a}");
+        assert_eq!(owned_by(&owned_application_name("ü-x", 0, 7), "ö-x", 0), None);
     }
 }

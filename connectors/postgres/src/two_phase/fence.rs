@@ -203,7 +203,7 @@ pub(crate) async fn end_older_sessions(client: &Client, subtask: &Subtask, mine:
     let rows = client
         .query(
             "SELECT pid, application_name FROM pg_stat_activity WHERE state LIKE 'idle in transaction%' \
-             AND application_name LIKE 'exactly %' AND pid <> pg_backend_pid()",
+             AND application_name LIKE 'exactly %' AND pid <> pg_backend_pid() AND datname = current_database()",
             &[],
         )
         .await

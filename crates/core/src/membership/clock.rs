@@ -84,6 +84,17 @@ impl LeaseSettings {
     /// the term, and renewals (and polls) more frequent than the acting
     /// window, so a healthy worker never reaches its deadline.
     pub fn validate(&self) -> Result<(), String> {
+        let named = [
+            ("term", self.term),
+            ("renewal interval", self.renew_every),
+            ("margin", self.margin),
+            ("poll interval", self.poll),
+        ];
+        if let Some((what, d)) = named.iter().find(|(_, d)| d.as_millis() == 0 && !d.is_zero()) {
+            return Err(format!(
+                "the lease {what} ({d:?}) is below a millisecond, the unit leases are kept in: write at least 1ms"
+            ));
+        }
         if self.margin.is_zero() || self.margin >= self.term {
             return Err(format!(
                 "the lease margin ({:?}) must be above 0 and below the lease term ({:?})",

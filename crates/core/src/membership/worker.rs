@@ -277,6 +277,10 @@ impl Worker {
                 if self.held.get(&region).is_some_and(|h| h.epoch == epoch) {
                     self.held.remove(&region);
                     orders.push(Order::Stop { region, epoch });
+                    // Conditional on the holder and the epoch: frees nothing
+                    // that is someone else's, and a lease still this
+                    // worker's (its lost write was a sink's) goes at once.
+                    orders.push(Order::Release { region, epoch });
                 }
             }
             Input::Shutdown => {
@@ -561,10 +565,16 @@ mod tests {
         );
         assert_eq!(
             lost,
-            vec![Order::Stop {
-                region: 1,
-                epoch: Epoch(4)
-            }]
+            vec![
+                Order::Stop {
+                    region: 1,
+                    epoch: Epoch(4)
+                },
+                Order::Release {
+                    region: 1,
+                    epoch: Epoch(4)
+                }
+            ]
         );
         assert_eq!(w.acting(1, MonoTime(201)), None);
     }

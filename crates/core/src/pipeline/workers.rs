@@ -141,9 +141,15 @@ impl Pipeline {
             pipeline: self.config.name.clone(),
             source: Box::new(e),
         };
+        let me = worker_id();
         // A process running the pipeline alone (without workers) neither
-        // claims nor fences as workers do: never beside it.
+        // claims nor fences as workers do: never beside it. The membership
+        // row goes in first, then the lock's holder is asked: a run without
+        // workers that takes the lock after this sees the row and is
+        // refused; one that holds it already is seen here.
+        (leases.renew(&me, &[], true, settings.term).await).map_err(|e| refused(e.into()))?;
         if let Some(holder) = leases.sole_holder().await.map_err(|e| refused(e.into()))? {
+            let _ = leases.leave(&me).await;
             return Err(refused(StoreError::Locked {
                 pipeline: self.config.name.clone(),
                 dir: self.store.location(),
@@ -153,7 +159,6 @@ impl Pipeline {
                 ),
             }));
         }
-        let me = worker_id();
         info!(
             worker = %me,
             regions = regions.len(),
@@ -362,9 +367,7 @@ impl Pipeline {
                 }
             }
         }
-        for farewell in farewells {
-            let _ = tokio::time::timeout(Duration::from_secs(5), farewell).await;
-        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), futures_util::future::join_all(farewells)).await;
         info!(worker = %me, "left the pipeline's workers");
         if let Some(e) = fatal {
             return Err(e);
@@ -391,6 +394,7 @@ impl Pipeline {
             self.metrics.assign_region(subtask, index);
         }
         let epoch = claimed.epoch;
+        let mut handed_over = stop.clone();
         let attempt = self.run_attempt(region, Some(&claimed), stop, left_open);
         let result = attempt.instrument(info_span!("region", region = index, %epoch)).await;
         let count = |progress: bool| {
@@ -435,7 +439,11 @@ impl Pipeline {
                     "failed; the region is claimed again (a new epoch) after the delay"
                 );
                 self.metrics.restarted_in(Some(index));
-                tokio::time::sleep(delay).await;
+                // A hand-over asked meanwhile does not wait out the delay.
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = handed_over.wait_for(|stop| *stop) => {}
+                }
                 RegionEnd::Retry
             }
         }
