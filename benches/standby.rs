@@ -156,33 +156,13 @@ fn takeover(
     standby.wait_for("standby", |m| value(m, "exactly_standby") == 1.0)?;
     std::thread::sleep(offset);
 
-    let killed = Instant::now();
-    let stopping = match signal {
-        Signal::Kill => {
-            active.kill();
-            None
-        }
-        Signal::Term => Some(active.terminate()),
-    };
-    let mut taken = None;
-    let first_commit = loop {
-        if !standby.is_running() {
-            bail!("the standby ended:\n{}", standby.log());
-        }
-        if killed.elapsed() > Duration::from_secs(120) {
-            bail!("no commit 120 s after the signal:\n{}", standby.log());
-        }
-        if let Some(metrics) = standby.metrics() {
-            if taken.is_none() && value(&metrics, "exactly_standby") == 0.0 {
-                taken = Some(killed.elapsed());
-            }
-            if value(&metrics, "exactly_commits_total") >= 1.0 {
-                break killed.elapsed();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let taken = taken.unwrap_or(first_commit);
+    let (stopping, taken, first_commit) = signal_and_measure(
+        active,
+        &mut standby,
+        signal,
+        |m| value(m, "exactly_standby") == 0.0,
+        |m| value(m, "exactly_commits_total") >= 1.0,
+    )?;
     if let Some(active) = stopping {
         active.wait_clean()?;
         if !standby.log().contains("handed over cleanly") {
@@ -255,33 +235,13 @@ fn worker_takeover(
     let before = standby.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
     std::thread::sleep(offset);
 
-    let signalled = Instant::now();
-    let stopping = match signal {
-        Signal::Kill => {
-            active.kill();
-            None
-        }
-        Signal::Term => Some(active.terminate()),
-    };
-    let mut taken = None;
-    let first_commit = loop {
-        if !standby.is_running() {
-            bail!("the standby worker ended:\n{}", standby.log());
-        }
-        if signalled.elapsed() > Duration::from_secs(120) {
-            bail!("no commit 120 s after the signal:\n{}", standby.log());
-        }
-        if let Some(metrics) = standby.metrics() {
-            if taken.is_none() && value(&metrics, "exactly_regions_owned") == 1.0 {
-                taken = Some(signalled.elapsed());
-            }
-            if value(&metrics, "exactly_commits_total") > before {
-                break signalled.elapsed();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let taken = taken.unwrap_or(first_commit);
+    let (stopping, taken, first_commit) = signal_and_measure(
+        active,
+        &mut standby,
+        signal,
+        |m| value(m, "exactly_regions_owned") == 1.0,
+        |m| value(m, "exactly_commits_total") > before,
+    )?;
     if let Some(active) = stopping {
         active.wait_clean()?;
     }
@@ -290,6 +250,45 @@ fn worker_takeover(
     feeder.join().map_err(|_| anyhow::anyhow!("the feed panicked"))??;
     check_at_most_once(url, &table)?;
     Ok((taken, first_commit))
+}
+
+/// Stops `active` with `signal` and polls `standby`'s metrics every 10 ms
+/// until `committed` holds: (the active one, still exiting after SIGTERM;
+/// signal → `taken` first held, signal → `committed`).
+fn signal_and_measure(
+    active: Worker,
+    standby: &mut Worker,
+    signal: Signal,
+    taken: impl Fn(&str) -> bool,
+    committed: impl Fn(&str) -> bool,
+) -> Result<(Option<Worker>, Duration, Duration)> {
+    let signalled = Instant::now();
+    let stopping = match signal {
+        Signal::Kill => {
+            active.kill();
+            None
+        }
+        Signal::Term => Some(active.terminate()),
+    };
+    let mut taken_at = None;
+    let first_commit = loop {
+        if !standby.is_running() {
+            bail!("the standby ended:\n{}", standby.log());
+        }
+        if signalled.elapsed() > Duration::from_secs(120) {
+            bail!("no commit 120 s after the signal:\n{}", standby.log());
+        }
+        if let Some(metrics) = standby.metrics() {
+            if taken_at.is_none() && taken(&metrics) {
+                taken_at = Some(signalled.elapsed());
+            }
+            if committed(&metrics) {
+                break signalled.elapsed();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Ok((stopping, taken_at.unwrap_or(first_commit), first_commit))
 }
 
 /// Produces 1,000 orders a second into a new `topic` until `stop`.

@@ -123,32 +123,106 @@ fn reused_ids(url: &str, pipeline: &str) -> Vec<String> {
     })
 }
 
+/// A Kafka → PostgreSQL pipeline for workers: a PostgreSQL of its own, the
+/// shared broker, a topic that reaches every subtask fed half its orders at
+/// once and then one at a time until [`Scene::finish`] (records flow
+/// through every phase of a test), and the pipeline file.
+struct Scene {
+    pg: PostgresServer,
+    kafka: &'static KafkaBroker,
+    dir: tempfile::TempDir,
+    name: String,
+    table: String,
+    feed: Feed,
+    file: PathBuf,
+}
+
+impl Scene {
+    fn start(prefix: &str, orders: i64) -> Scene {
+        let pg = PostgresServer::start().expect("starting PostgreSQL");
+        let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+        let dir = tempfile::tempdir().unwrap();
+        let name = fresh(prefix);
+        let topic = topic_reaching_every_subtask(prefix, &[PARALLELISM]);
+        let table = fresh(&format!("{prefix}_orders"));
+        let feed = Feed::start_held(kafka.bootstrap(), &topic, orders);
+        let file = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (pg.url(), &table));
+        Scene {
+            pg,
+            kafka,
+            dir,
+            name,
+            table,
+            feed,
+            file,
+        }
+    }
+
+    fn url(&self) -> &str {
+        self.pg.url()
+    }
+
+    /// A worker of the pipeline, its log named `tag`.
+    fn worker(&self, tag: &str) -> Worker {
+        Worker::start(&self.file, self.dir.path(), tag)
+    }
+
+    /// Releases the rest of the feed, waits until every order is committed
+    /// while `workers` run, stops them with SIGTERM (each must stop cleanly,
+    /// leaving the workers), then checks every order exactly once with no
+    /// prepared transaction left, no checkpoint of a fenced epoch written
+    /// late and no checkpoint id used twice.
+    fn finish(self, mut workers: Vec<Worker>, what: &str) {
+        self.feed.finish();
+        let url = self.pg.url();
+        let deadline = Instant::now() + Duration::from_secs(240);
+        while committed_orders(url, &self.table) < ORDERS {
+            if Instant::now() > deadline || workers.iter_mut().any(|w| !w.is_running()) {
+                let logs: Vec<String> = workers.iter().map(|w| w.log()).collect();
+                panic!(
+                    "{what}: the orders did not all arrive ({} of {ORDERS})\n{}",
+                    committed_orders(url, &self.table),
+                    logs.join("\n-----\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for w in workers {
+            let (ok, log) = w.stop(Duration::from_secs(60));
+            assert!(ok, "{what}: a worker did not stop cleanly after SIGTERM:\n{log}");
+            assert!(log.contains("left the pipeline's workers"), "{log}");
+        }
+        assert_orders_exactly_once(url, &self.table, &self.name, ORDERS, what);
+        assert_eq!(
+            late_entries(url, &self.name),
+            Vec::<String>::new(),
+            "{what}: checkpoints of a fenced epoch"
+        );
+        assert_eq!(
+            reused_ids(url, &self.name),
+            Vec::<String>::new(),
+            "{what}: checkpoint ids used twice"
+        );
+    }
+}
+
 #[test]
 fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigterm() {
-    let pg = PostgresServer::start().expect("starting PostgreSQL");
-    let url = pg.url();
-    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
-    let dir = tempfile::tempdir().unwrap();
-    let name = fresh("workers");
-    let topic = topic_reaching_every_subtask("workers", &[PARALLELISM]);
-    let table = fresh("workers_orders");
-    // Half the orders at once, then one at a time until `finish`: records
-    // flow through every phase below.
-    let feed = Feed::start_held(kafka.bootstrap(), &topic, ORDERS);
-    let file = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
+    let scene = Scene::start("workers", ORDERS);
+    let (url, table, file) = (scene.url(), &scene.table, &scene.file);
 
     // Two workers split the six regions.
-    let mut a = Worker::start(&file, dir.path(), "a");
-    let mut b = Worker::start(&file, dir.path(), "b");
+    let mut a = scene.worker("a");
+    let mut b = scene.worker("b");
     wait_for_shares(
         &mut [&mut a, &mut b],
         |s| s == [3.0, 3.0],
         "two workers, three regions each",
     );
-    let rows = wait_for_rows_above(url, &table, 0, &mut [&mut a, &mut b]);
+    let rows = wait_for_rows_above(url, table, 0, &mut [&mut a, &mut b]);
 
     // A third joins: it takes a share, the others hand one region each over.
-    let mut c = Worker::start(&file, dir.path(), "c");
+    let mut c = scene.worker("c");
     wait_for_shares(
         &mut [&mut a, &mut b, &mut c],
         |s| s == [2.0, 2.0, 2.0],
@@ -175,7 +249,7 @@ fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigt
             .count();
         assert_eq!(owns, 2, "worker {pid} owns two regions:\n{text}");
     }
-    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut a, &mut b, &mut c]);
+    let rows = wait_for_rows_above(url, table, rows, &mut [&mut a, &mut b, &mut c]);
 
     // A is frozen past its lease: the others take its regions while it
     // sleeps and go on writing.
@@ -185,7 +259,7 @@ fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigt
         |s| s.iter().sum::<f64>() == PARALLELISM as f64,
         "the frozen worker's regions taken over",
     );
-    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+    let rows = wait_for_rows_above(url, table, rows, &mut [&mut b, &mut c]);
     // Thawed, it finds its deadlines passed and drops its regions without
     // a last checkpoint, then joins again and gets a share back.
     a.signal(libc::SIGCONT);
@@ -205,10 +279,10 @@ fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigt
         |s| s == [3.0, 3.0],
         "the killed worker's regions taken over",
     );
-    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut a, &mut c]);
+    wait_for_rows_above(url, table, rows, &mut [&mut a, &mut c]);
 
     // A fourth joins.
-    let mut d = Worker::start(&file, dir.path(), "d");
+    let mut d = scene.worker("d");
     wait_for_shares(
         &mut [&mut a, &mut c, &mut d],
         |s| s == [2.0, 2.0, 2.0],
@@ -216,36 +290,7 @@ fn workers_share_a_pipeline_exactly_once_through_a_join_a_freeze_a_kill_and_sigt
     );
 
     // Every order, then SIGTERM: each worker hands its regions over.
-    feed.finish();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while committed_orders(url, &table) < ORDERS {
-        if Instant::now() > deadline || !(a.is_running() && c.is_running() && d.is_running()) {
-            panic!(
-                "the orders did not all arrive ({} of {ORDERS}, {rows} before the last join)\n{}\n-----\n{}\n-----\n{}",
-                committed_orders(url, &table),
-                a.log(),
-                c.log(),
-                d.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for w in [a, c, d] {
-        let (ok, log) = w.stop(Duration::from_secs(60));
-        assert!(ok, "a worker did not stop cleanly after SIGTERM:\n{log}");
-        assert!(log.contains("left the pipeline's workers"), "{log}");
-    }
-    assert_orders_exactly_once(url, &table, &name, ORDERS, "after joins, a freeze, a kill and SIGTERM");
-    assert_eq!(
-        late_entries(url, &name),
-        Vec::<String>::new(),
-        "checkpoints of a fenced epoch"
-    );
-    assert_eq!(
-        reused_ids(url, &name),
-        Vec::<String>::new(),
-        "checkpoint ids used twice"
-    );
+    scene.finish(vec![a, c, d], "after joins, a freeze, a kill and SIGTERM");
 }
 
 /// Occurrences of `what` in the logs of `workers`.
@@ -264,23 +309,16 @@ fn count_in_logs(workers: &[&Worker], what: &str) -> usize {
 /// prepared, no checkpoint of a fenced epoch written late.
 #[test]
 fn a_worker_frozen_past_its_lease_at_each_phase_drops_its_regions_exactly_once() {
-    let pg = PostgresServer::start().expect("starting PostgreSQL");
-    let url = pg.url();
-    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
-    let dir = tempfile::tempdir().unwrap();
-    let name = fresh("frozen");
-    let topic = topic_reaching_every_subtask("frozen", &[PARALLELISM]);
-    let table = fresh("frozen_orders");
-    let feed = Feed::start_held(kafka.bootstrap(), &topic, ORDERS);
-    let file = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
-    let mut b = Worker::start(&file, dir.path(), "b");
-    let mut c = Worker::start(&file, dir.path(), "c");
+    let scene = Scene::start("frozen", ORDERS);
+    let (url, table, file, dir) = (scene.url(), &scene.table, &scene.file, scene.dir.path());
+    let mut b = scene.worker("b");
+    let mut c = scene.worker("c");
     wait_for_shares(
         &mut [&mut b, &mut c],
         |s| s == [3.0, 3.0],
         "two workers, three regions each",
     );
-    let mut rows = wait_for_rows_above(url, &table, 0, &mut [&mut b, &mut c]);
+    let mut rows = wait_for_rows_above(url, table, 0, &mut [&mut b, &mut c]);
 
     let phases = [
         ("after PREPARE", "sink.after_pre_commit:20"),
@@ -289,7 +327,7 @@ fn a_worker_frozen_past_its_lease_at_each_phase_drops_its_regions_exactly_once()
     ];
     for (phase, point) in phases {
         let fences = count_in_logs(&[&b, &c], "holds the fence: ending it");
-        let mut zombie = Worker::start_with(&file, dir.path(), "zombie", &[("EXACTLY_STOP_AT", point)]);
+        let mut zombie = Worker::start_with(file, dir, "zombie", &[("EXACTLY_STOP_AT", point)]);
         zombie.wait_for_log("EXACTLY_STOP_POINT_REACHED", Duration::from_secs(120));
         // Frozen: its leases run out, the others take its regions (and the
         // transaction it left prepared) and go on.
@@ -298,7 +336,7 @@ fn a_worker_frozen_past_its_lease_at_each_phase_drops_its_regions_exactly_once()
             |s| s.iter().sum::<f64>() == PARALLELISM as f64,
             &format!("{phase}: the frozen worker's regions taken over"),
         );
-        rows = wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+        rows = wait_for_rows_above(url, table, rows, &mut [&mut b, &mut c]);
         // The new owner of the region whose transaction the zombie left
         // prepared finds it holding the subtask's fence row, and ends it.
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -324,39 +362,10 @@ fn a_worker_frozen_past_its_lease_at_each_phase_drops_its_regions_exactly_once()
             |s| s == [3.0, 3.0],
             &format!("{phase}: back to two workers"),
         );
-        std::fs::rename(
-            dir.path().join("zombie.log"),
-            dir.path().join(format!("zombie {phase}.log")),
-        )
-        .unwrap();
+        std::fs::rename(dir.join("zombie.log"), dir.join(format!("zombie {phase}.log"))).unwrap();
     }
 
-    feed.finish();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while committed_orders(url, &table) < ORDERS {
-        assert!(
-            Instant::now() < deadline && b.is_running() && c.is_running(),
-            "the orders did not all arrive:\n{}\n-----\n{}",
-            b.log(),
-            c.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for w in [b, c] {
-        let (ok, log) = w.stop(Duration::from_secs(60));
-        assert!(ok, "a worker did not stop cleanly after SIGTERM:\n{log}");
-    }
-    assert_orders_exactly_once(url, &table, &name, ORDERS, "after freezes at every phase");
-    assert_eq!(
-        late_entries(url, &name),
-        Vec::<String>::new(),
-        "checkpoints of a fenced epoch"
-    );
-    assert_eq!(
-        reused_ids(url, &name),
-        Vec::<String>::new(),
-        "checkpoint ids used twice"
-    );
+    scene.finish(vec![b, c], "after freezes at every phase");
 }
 
 /// Kafka → Kafka with two workers on the PostgreSQL store: one freezes right
@@ -493,9 +502,8 @@ fn a_frozen_workers_kafka_producers_are_fenced_and_the_copy_is_exact() {
 /// no checkpoint of a fenced epoch written late.
 #[test]
 fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_once() {
-    let pg = PostgresServer::start().expect("starting PostgreSQL");
-    let url = pg.url();
-    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
+    let scene = Scene::start("cut", ORDERS);
+    let (url, table, file, dir) = (scene.url(), &scene.table, &scene.file, scene.dir.path());
     let port_of = |address: &str| -> u16 {
         let after_host = address.rsplit_once("127.0.0.1:").expect("a loopback address").1;
         after_host
@@ -507,16 +515,9 @@ fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_onc
     };
     let netns = common::netns::Netns::create("cut");
     netns.forward(port_of(url));
-    netns.forward(port_of(kafka.bootstrap()));
-
-    let dir = tempfile::tempdir().unwrap();
-    let name = fresh("cut");
-    let topic = topic_reaching_every_subtask("cut", &[PARALLELISM]);
-    let table = fresh("cut_orders");
-    let feed = Feed::start_held(kafka.bootstrap(), &topic, ORDERS);
-    let file = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
-    let mut b = Worker::start(&file, dir.path(), "b");
-    let mut c = Worker::start(&file, dir.path(), "c");
+    netns.forward(port_of(scene.kafka.bootstrap()));
+    let mut b = scene.worker("b");
+    let mut c = scene.worker("c");
     wait_for_shares(
         &mut [&mut b, &mut c],
         |s| s == [3.0, 3.0],
@@ -524,13 +525,13 @@ fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_onc
     );
     // The third runs inside the namespace (its metrics endpoint is there
     // too: it is watched through its log).
-    let mut z = Worker::start_inside(&netns, &file, dir.path(), "cut-off");
+    let mut z = Worker::start_inside(&netns, file, dir, "cut-off");
     wait_for_shares(
         &mut [&mut b, &mut c],
         |s| s == [2.0, 2.0],
         "the third worker took a share",
     );
-    let rows = wait_for_rows_above(url, &table, 0, &mut [&mut b, &mut c]);
+    let rows = wait_for_rows_above(url, table, 0, &mut [&mut b, &mut c]);
     let claimed = |z: &Worker| z.log().matches("claimed the region").count();
     // The others handed two regions over; it claims them on its next look.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -545,7 +546,7 @@ fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_onc
         |s| s.iter().sum::<f64>() == PARALLELISM as f64,
         "the cut-off worker's regions taken over",
     );
-    let rows = wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+    let rows = wait_for_rows_above(url, table, rows, &mut [&mut b, &mut c]);
     z.wait_for_log("stopped acting on the region at once", Duration::from_secs(60));
     assert!(z.is_running(), "the cut-off worker rides the cut out:\n{}", z.log());
 
@@ -561,35 +562,9 @@ fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_onc
         assert!(Instant::now() < deadline && z.is_running(), "{}", z.log());
         std::thread::sleep(Duration::from_millis(100));
     }
-    wait_for_rows_above(url, &table, rows, &mut [&mut b, &mut c]);
+    wait_for_rows_above(url, table, rows, &mut [&mut b, &mut c]);
 
-    feed.finish();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while committed_orders(url, &table) < ORDERS {
-        assert!(
-            Instant::now() < deadline && b.is_running() && c.is_running() && z.is_running(),
-            "the orders did not all arrive:\n{}\n-----\n{}\n-----\n{}",
-            b.log(),
-            c.log(),
-            z.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for w in [z, b, c] {
-        let (ok, log) = w.stop(Duration::from_secs(60));
-        assert!(ok, "a worker did not stop cleanly after SIGTERM:\n{log}");
-    }
-    assert_orders_exactly_once(url, &table, &name, ORDERS, "after a worker was cut off and reconnected");
-    assert_eq!(
-        late_entries(url, &name),
-        Vec::<String>::new(),
-        "checkpoints of a fenced epoch"
-    );
-    assert_eq!(
-        reused_ids(url, &name),
-        Vec::<String>::new(),
-        "checkpoint ids used twice"
-    );
+    scene.finish(vec![z, b, c], "after a worker was cut off and reconnected");
 }
 
 /// Workers and a process running the pipeline alone (without `[workers]`)
@@ -597,25 +572,18 @@ fn a_worker_cut_off_by_the_network_and_reconnected_drops_its_regions_exactly_onc
 /// and the fix, and touches nothing.
 #[test]
 fn workers_and_a_process_running_the_pipeline_alone_refuse_each_other() {
-    let pg = PostgresServer::start().expect("starting PostgreSQL");
-    let url = pg.url();
-    let kafka = KafkaBroker::shared().expect("starting the shared Kafka broker");
-    let dir = tempfile::tempdir().unwrap();
-    let name = fresh("alone");
-    let topic = topic_reaching_every_subtask("alone", &[PARALLELISM]);
-    let table = fresh("alone_orders");
-    let feed = Feed::start_held(kafka.bootstrap(), &topic, 600);
-    let workers = pipeline(dir.path(), &name, (kafka.bootstrap(), &topic), (url, &table));
-    let alone = dir.path().join("alone.toml");
+    let scene = Scene::start("alone", 600);
+    let (workers, dir) = (&scene.file, scene.dir.path());
+    let alone = dir.join("alone.toml");
     std::fs::write(
         &alone,
-        std::fs::read_to_string(&workers).unwrap().replace("[workers]", ""),
+        std::fs::read_to_string(workers).unwrap().replace("[workers]", ""),
     )
     .unwrap();
 
-    let mut w = Worker::start(&workers, dir.path(), "worker");
+    let mut w = Worker::start(workers, dir, "worker");
     wait_for_shares(&mut [&mut w], |s| s == [PARALLELISM as f64], "one worker, every region");
-    let mut refused = Worker::start(&alone, dir.path(), "alone");
+    let mut refused = Worker::start(&alone, dir, "alone");
     let deadline = Instant::now() + Duration::from_secs(60);
     while refused.is_running() {
         assert!(Instant::now() < deadline, "{}", refused.log());
@@ -626,9 +594,9 @@ fn workers_and_a_process_running_the_pipeline_alone_refuse_each_other() {
     let (ok, log) = w.stop(Duration::from_secs(60));
     assert!(ok, "{log}");
 
-    let mut a = Worker::start(&alone, dir.path(), "alone-2");
+    let mut a = Worker::start(&alone, dir, "alone-2");
     a.wait_for_log("checkpoint complete", Duration::from_secs(120));
-    let mut refused = Worker::start(&workers, dir.path(), "worker-2");
+    let mut refused = Worker::start(workers, dir, "worker-2");
     let deadline = Instant::now() + Duration::from_secs(60);
     while refused.is_running() {
         assert!(Instant::now() < deadline, "{}", refused.log());
@@ -639,5 +607,5 @@ fn workers_and_a_process_running_the_pipeline_alone_refuse_each_other() {
     assert!(!log.contains("claimed the region"), "{log}");
     let (ok, log) = a.stop(Duration::from_secs(60));
     assert!(ok, "{log}");
-    feed.finish();
+    scene.feed.finish();
 }

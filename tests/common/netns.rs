@@ -27,7 +27,11 @@ impl Netns {
     /// A new namespace with its loopback up.
     pub fn create(tag: &str) -> Netns {
         let name = format!("exactly-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        // One left by an earlier run of this pid, if any.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
         ip(&["netns", "add", &name]);
         let ns = Netns { name };
         ns.reconnect();
