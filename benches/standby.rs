@@ -72,10 +72,13 @@ fn main() -> Result<()> {
         for round in 0..rounds {
             // The signal moves through the 1 s checkpoint interval.
             let offset = Duration::from_millis(u64::from(round) * 1000 / u64::from(rounds.max(1)));
-            let measured = match mode {
-                Mode::Standby => takeover(exactly, kafka.bootstrap(), postgres.url(), (signal, round), offset),
-                Mode::Workers => worker_takeover(exactly, kafka.bootstrap(), postgres.url(), (signal, round), offset),
-            }
+            let measured = takeover(
+                exactly,
+                kafka.bootstrap(),
+                postgres.url(),
+                (mode, signal, round),
+                offset,
+            )
             .with_context(|| format!("{} {} round {round}", mode.name(), signal.name()))?;
             eprintln!(
                 "[standby] {} {} round {round}: taken {:.0} ms, first commit {:.0} ms after the signal",
@@ -119,6 +122,13 @@ enum Signal {
 }
 
 impl Signal {
+    fn tag(self) -> &'static str {
+        match self {
+            Signal::Kill => "kill",
+            Signal::Term => "term",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Signal::Kill => "SIGKILL",
@@ -131,125 +141,77 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// One round: (signal → standby holds the lock, signal → its first commit).
+/// One round: the active process and a waiting one (`mode`), `signal` to
+/// the active one `offset` after its first commit; (signal → the waiting
+/// one takes over, signal → its first commit).
 fn takeover(
     exactly: &Path,
     bootstrap: &str,
     url: &str,
-    (signal, round): (Signal, u32),
+    (mode, signal, round): (Mode, Signal, u32),
     offset: Duration,
 ) -> Result<(Duration, Duration)> {
     let dir = tempfile::tempdir()?;
-    let tag = match signal {
-        Signal::Kill => "kill",
-        Signal::Term => "term",
-    };
-    let topic = format!("standby-{tag}-{round}");
-    let table = format!("standby_{tag}_{round}");
+    // One pipeline, topic and table per round in the shared store.
+    let name = format!("{}_{}_{round}", mode.name(), signal.tag());
     let stop = Arc::new(AtomicBool::new(false));
-    let feeder = feed(bootstrap, &topic, stop.clone())?;
-    let file = pipeline(dir.path(), bootstrap, &topic, url, &table)?;
-
-    let mut active = Worker::start(exactly, &file, dir.path(), "active")?;
-    active.wait_for("its first commit", |m| value(m, "exactly_commits_total") >= 1.0)?;
-    let mut standby = Worker::start(exactly, &file, dir.path(), "standby")?;
-    standby.wait_for("standby", |m| value(m, "exactly_standby") == 1.0)?;
+    let feeder = feed(bootstrap, &name, stop.clone())?;
+    let file = pipeline(dir.path(), bootstrap, &name, url, mode)?;
+    let (active, mut standby) = match mode {
+        Mode::Standby => {
+            let mut active = Worker::start(exactly, &file, dir.path(), "active")?;
+            active.wait_for("its first commit", |m| value(m, "exactly_commits_total") >= 1.0)?;
+            let mut standby = Worker::start(exactly, &file, dir.path(), "standby")?;
+            standby.wait_for("standby", |m| value(m, "exactly_standby") == 1.0)?;
+            (active, standby)
+        }
+        Mode::Workers => settled_workers(exactly, &file, dir.path())?,
+    };
+    let before = standby.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
     std::thread::sleep(offset);
 
-    let (stopping, taken, first_commit) = signal_and_measure(
-        active,
-        &mut standby,
-        signal,
-        |m| value(m, "exactly_standby") == 0.0,
-        |m| value(m, "exactly_commits_total") >= 1.0,
-    )?;
+    let taken = |m: &str| match mode {
+        Mode::Standby => value(m, "exactly_standby") == 0.0,
+        Mode::Workers => value(m, "exactly_regions_owned") == 1.0,
+    };
+    let committed = |m: &str| value(m, "exactly_commits_total") > before;
+    let (stopping, taken, first_commit) = signal_and_measure(active, &mut standby, signal, taken, committed)?;
     if let Some(active) = stopping {
         active.wait_clean()?;
-        if !standby.log().contains("handed over cleanly") {
+        if matches!(mode, Mode::Standby) && !standby.log().contains("handed over cleanly") {
             bail!("SIGTERM did not hand the pipeline over cleanly:\n{}", standby.log());
         }
     }
     standby.stop()?;
     stop.store(true, Ordering::Relaxed);
     feeder.join().map_err(|_| anyhow::anyhow!("the feed panicked"))??;
-    check_at_most_once(url, &table)?;
+    check_at_most_once(url, &name)?;
     Ok((taken, first_commit))
 }
 
-/// One round with workers: (signal → the standby worker claims the
-/// region, signal → its first commit).
-fn worker_takeover(
-    exactly: &Path,
-    bootstrap: &str,
-    url: &str,
-    (signal, round): (Signal, u32),
-    offset: Duration,
-) -> Result<(Duration, Duration)> {
-    let dir = tempfile::tempdir()?;
-    let tag = match signal {
-        Signal::Kill => "kill",
-        Signal::Term => "term",
-    };
-    let topic = format!("workers-{tag}-{round}");
-    let table = format!("workers_{tag}_{round}");
-    let stop = Arc::new(AtomicBool::new(false));
-    let feeder = feed(bootstrap, &topic, stop.clone())?;
-    let file = dir.path().join("pipeline.toml");
-    let sections = exactly::config::orders_sections(bootstrap, &topic, url, &table)
-        .replace("stop_at_end = true", "stop_at_end = false");
-    std::fs::write(
-        &file,
-        format!(
-            "name = \"{table}\"\nparallelism = 1\n\n[checkpoint]\nstore = {{ postgres = \"{url}\" }}\n\n\
-             [workers]\n\n{sections}"
-        ),
-    )?;
-    let mut first = Worker::start(exactly, &file, dir.path(), "first")?;
+/// Two workers of `file` settled: one owns the region and committed (which
+/// one depends on the order of their ids), the other owns nothing;
+/// (the owner, the standby).
+fn settled_workers(exactly: &Path, file: &Path, dir: &Path) -> Result<(Worker, Worker)> {
+    let mut first = Worker::start(exactly, file, dir, "first")?;
     first.wait_for("its first commit", |m| value(m, "exactly_commits_total") >= 1.0)?;
-    let mut second = Worker::start(exactly, &file, dir.path(), "second")?;
-    // Settled: one owns the region (which one depends on the ids' order),
-    // the other nothing.
-    let owns = |w: &Worker| w.metrics().map(|m| value(&m, "exactly_regions_owned"));
+    let mut second = Worker::start(exactly, file, dir, "second")?;
+    // (regions owned, commits) of a worker.
+    let state = |w: &Worker| {
+        w.metrics()
+            .map(|m| (value(&m, "exactly_regions_owned"), value(&m, "exactly_commits_total")))
+    };
     let deadline = Instant::now() + Duration::from_secs(120);
-    let (active, mut standby) = loop {
+    loop {
         if !first.is_running() || !second.is_running() || Instant::now() > deadline {
             bail!("the workers did not settle:\n{}\n-----\n{}", first.log(), second.log());
         }
-        match (owns(&first), owns(&second)) {
-            (Some(1.0), Some(0.0)) => {
-                let active_commits = first.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
-                if active_commits >= 1.0 {
-                    break (first, second);
-                }
-            }
-            (Some(0.0), Some(1.0)) => {
-                let active_commits = second.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
-                if active_commits >= 1.0 {
-                    break (second, first);
-                }
-            }
-            _ => {}
+        match (state(&first), state(&second)) {
+            (Some((1.0, commits)), Some((0.0, _))) if commits >= 1.0 => return Ok((first, second)),
+            (Some((0.0, _)), Some((1.0, commits))) if commits >= 1.0 => return Ok((second, first)),
+            _ => std::thread::sleep(Duration::from_millis(20)),
         }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let before = standby.metrics().map_or(0.0, |m| value(&m, "exactly_commits_total"));
-    std::thread::sleep(offset);
-
-    let (stopping, taken, first_commit) = signal_and_measure(
-        active,
-        &mut standby,
-        signal,
-        |m| value(m, "exactly_regions_owned") == 1.0,
-        |m| value(m, "exactly_commits_total") > before,
-    )?;
-    if let Some(active) = stopping {
-        active.wait_clean()?;
     }
-    standby.stop()?;
-    stop.store(true, Ordering::Relaxed);
-    feeder.join().map_err(|_| anyhow::anyhow!("the feed panicked"))??;
-    check_at_most_once(url, &table)?;
-    Ok((taken, first_commit))
 }
 
 /// Stops `active` with `signal` and polls `standby`'s metrics every 10 ms
@@ -315,18 +277,23 @@ fn feed(bootstrap: &str, topic: &str, stop: Arc<AtomicBool>) -> Result<std::thre
     }))
 }
 
-/// The pipeline file: defaults but for the PostgreSQL store and standby.
-/// The round's pipeline file; its name is the table's (one pipeline per
-/// round in the shared store).
-fn pipeline(dir: &Path, bootstrap: &str, topic: &str, url: &str, table: &str) -> Result<PathBuf> {
-    let sections = exactly::config::orders_sections(bootstrap, topic, url, table)
+/// The round's pipeline file, named `name` like its topic and table:
+/// defaults but for the PostgreSQL store and, by `mode`, standby at
+/// parallelism 2 or workers at parallelism 1 (one region: one owner, one
+/// standby worker).
+fn pipeline(dir: &Path, bootstrap: &str, name: &str, url: &str, mode: Mode) -> Result<PathBuf> {
+    let sections = exactly::config::orders_sections(bootstrap, name, url, name)
         .replace("stop_at_end = true", "stop_at_end = false");
+    let (parallelism, waiting) = match mode {
+        Mode::Standby => (2, "standby = true\n"),
+        Mode::Workers => (1, "\n[workers]\n"),
+    };
     let file = dir.join("pipeline.toml");
     std::fs::write(
         &file,
         format!(
-            "name = \"{table}\"\nparallelism = 2\n\n[checkpoint]\nstore = {{ postgres = \"{url}\" }}\n\
-             standby = true\n\n{sections}"
+            "name = \"{name}\"\nparallelism = {parallelism}\n\n[checkpoint]\nstore = {{ postgres = \"{url}\" }}\n\
+             {waiting}\n{sections}"
         ),
     )?;
     Ok(file)

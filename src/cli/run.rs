@@ -70,11 +70,18 @@ pub(super) fn run(file: &Path, flags: RunFlags, metrics_listen: Option<String>, 
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// Resolves on SIGTERM or SIGINT. The handlers are installed here, when
+/// it is called, not when the future is first polled: a signal that comes
+/// while the pipeline is still starting (a worker joining, a lock being
+/// taken) asks for a clean stop instead of killing the process.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut interrupt = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }

@@ -317,18 +317,16 @@ impl LeaseStore for PgLeases {
     /// Who holds the pipeline's lock (`PgCheckpointStore::lock`, taken by a
     /// run without workers), from `pg_locks`.
     async fn sole_holder(&self) -> Result<Option<String>, AccessError> {
-        let key = crate::lock::key(&self.pipeline);
+        let (high, low) = crate::lock::halves(&crate::lock::key(&self.pipeline));
         let rows = self
             .session
             .query(
                 "asking who holds the pipeline's lock",
                 Effect::Reads,
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 1 \
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                &[&((key >> 32) as u32), &(key as u32)],
+                crate::lock::HOLDER,
+                &[&high, &low],
             )
             .await?;
-        Ok(rows.first().map(|r| r.get::<_, String>(0)))
+        Ok(rows.first().map(crate::lock::describe))
     }
 }

@@ -210,23 +210,33 @@ impl exactly_core::store::HandOver for Release {
     }
 }
 
-/// Who holds the lock of `key`: its session's `application_name`, backend,
-/// client address and since when; `None` when nobody does (or the holder
-/// cannot be seen).
+/// The session holding the advisory lock of a key (`$1`, `$2`: its high and
+/// low halves) in this database: its `application_name`, backend, client
+/// address and since when.
+pub(crate) const HOLDER: &str = "SELECT a.application_name, a.pid, coalesce(host(a.client_addr), 'local socket'), \
+     a.backend_start::text FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 1 \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+/// The parameters of [`HOLDER`] for `key`.
+pub(crate) fn halves(key: &i64) -> (u32, u32) {
+    ((*key >> 32) as u32, *key as u32)
+}
+
+/// A row of [`HOLDER`], for people.
+pub(crate) fn describe(row: &tokio_postgres::Row) -> String {
+    let (name, pid, from, since): (String, i32, String, String) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    format!("{name} (backend {pid} from {from}, since {since})")
+}
+
+/// Who holds the lock of `key` (see [`HOLDER`]); `None` when nobody does
+/// (or the holder cannot be seen).
 pub(crate) async fn holder(client: &Client, key: i64) -> Option<String> {
+    let (high, low) = halves(&key);
     client
-        .query_opt(
-            "SELECT a.application_name, a.pid, coalesce(host(a.client_addr), 'local socket'), a.backend_start::text
-             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 1",
-            &[&((key >> 32) as u32), &(key as u32)],
-        )
+        .query_opt(HOLDER, &[&high, &low])
         .await
         .ok()
         .flatten()
-        .map(|row| {
-            let (name, pid, from, since): (String, i32, String, String) =
-                (row.get(0), row.get(1), row.get(2), row.get(3));
-            format!("{name} (backend {pid} from {from}, since {since})")
-        })
+        .map(|row| describe(&row))
 }

@@ -135,11 +135,21 @@ pub(crate) async fn check(client: &Client, subtask: &Subtask, mine: u64) -> Resu
         )
         .await
         .map_err(|e| subtask.pg_error("reading the fence row", e))?;
-    let current: i64 = row.map_or(-1, |r| r.get(0));
-    if current != mine as i64 {
-        return Err(fenced(subtask, mine, current));
+    match row.map(|r| r.get::<_, i64>(0)) {
+        Some(current) if current == mine as i64 => Ok(()),
+        Some(current) if current > mine as i64 => Err(fenced(subtask, mine, current)),
+        // Below this owner's epoch, or gone: changed behind the pipeline's
+        // back after this owner's recovery raised it.
+        found => Err(ConnectorError::transient(
+            subtask.label("checking the region's epoch"),
+            format!(
+                "this subtask's fence row in {} is {} although this worker's recovery raised it to {mine} (changed \
+                 behind the pipeline's back): not preparing; the region is recovered again, which raises it",
+                table(subtask).sql(),
+                found.map_or_else(|| "missing".to_string(), |e| format!("at epoch {e}"))
+            ),
+        )),
     }
-    Ok(())
 }
 
 /// What a raise that could not take the row lock found.

@@ -63,8 +63,10 @@
 //! `EXACTLY_STOP_AT=<point>[@<subtask>][:<nth>]` writes
 //! `EXACTLY_STOP_POINT_REACHED point=<point> subtask=<n|-> hit=<n>` to
 //! stderr and stops the process with `SIGSTOP` at that hit of any point
-//! (crash or delay point); the test sends `SIGCONT` when it wants the
-//! process back (a worker frozen past its lease at a chosen phase).
+//! (crash or delay point; every call counts, so `sink.after_pre_commit`,
+//! both a crash and a delay point, counts each pre-commit twice); the test
+//! sends `SIGCONT` when it wants the process back (a worker frozen past its
+//! lease at a chosen phase).
 //!
 //! | point | phase |
 //! |---|---|

@@ -220,7 +220,11 @@ impl Pipeline {
         crate::fault::warn_if_ignored();
         let span = info_span!("pipeline", name = %self.config.name);
         tokio::pin!(shutdown);
-        if let (Some(settings), Some(leases)) = (self.config.workers, self.store.leases()) {
+        if let Some(settings) = self.config.workers {
+            // `Pipeline::new` refused workers on a store without leases.
+            let leases = self.store.leases().ok_or_else(|| {
+                PipelineError::Config(format!("{} keeps no leases for workers", self.store.location()))
+            })?;
             return self.run_as_worker(leases, settings, shutdown).instrument(span).await;
         }
         let Some(mut lock) = self.take_lock(&mut shutdown).await? else {

@@ -121,6 +121,15 @@ fn next_end<'a, 'b>(
     })
 }
 
+/// Runs a store call on a task of its own and feeds its answer back to the
+/// worker: a slow call holds up neither the loop nor the runners.
+fn answer(answers: &mpsc::UnboundedSender<Input>, call: impl Future<Output = Input> + Send + 'static) {
+    let answers = answers.clone();
+    tokio::spawn(async move {
+        let _ = answers.send(call.await);
+    });
+}
+
 fn is_fenced(e: &PipelineError) -> bool {
     matches!(e, PipelineError::Store { source, .. } if matches!(**source, StoreError::Fenced { .. }))
 }
@@ -193,35 +202,33 @@ impl Pipeline {
                         regions: held,
                         member,
                     } => {
-                        let (leases, me, answers) = (leases.clone(), me.clone(), answers.clone());
-                        tokio::spawn(async move {
-                            let input = match leases.renew(&me, &held, member, settings.term).await {
+                        let (leases, me) = (leases.clone(), me.clone());
+                        answer(&answers, async move {
+                            match leases.renew(&me, &held, member, settings.term).await {
                                 Ok(kept) => Input::Renewed { seq, kept },
                                 Err(e) => {
                                     warn!(error = %crate::ErrorChain(&e), "could not renew the leases: trying again");
                                     Input::RenewFailed { seq }
                                 }
-                            };
-                            let _ = answers.send(input);
+                            }
                         });
                     }
                     Order::Poll => {
-                        let (leases, answers, n) = (leases.clone(), answers.clone(), regions.len());
-                        tokio::spawn(async move {
-                            let input = match leases.view(n).await {
+                        let (leases, n) = (leases.clone(), regions.len());
+                        answer(&answers, async move {
+                            match leases.view(n).await {
                                 Ok(view) => Input::Viewed(view),
                                 Err(e) => {
                                     warn!(error = %crate::ErrorChain(&e), "could not read the leases: trying again");
                                     Input::PollFailed
                                 }
-                            };
-                            let _ = answers.send(input);
+                            }
                         });
                     }
                     Order::Claim { region, expected } => {
-                        let (leases, me, answers) = (leases.clone(), me.clone(), answers.clone());
-                        tokio::spawn(async move {
-                            let input = match leases.claim(region, &me, expected, settings.term).await {
+                        let (leases, me) = (leases.clone(), me.clone());
+                        answer(&answers, async move {
+                            match leases.claim(region, &me, expected, settings.term).await {
                                 Ok(Claim::Granted(lease)) => Input::Claimed {
                                     region,
                                     epoch: lease.epoch,
@@ -231,8 +238,7 @@ impl Pipeline {
                                     warn!(region, error = %crate::ErrorChain(&e), "a claim's outcome is unknown: reading the leases again");
                                     Input::ClaimFailed { region }
                                 }
-                            };
-                            let _ = answers.send(input);
+                            }
                         });
                     }
                     Order::Start { region, epoch } => {
@@ -253,7 +259,12 @@ impl Pipeline {
                             stop,
                             future,
                         };
-                        running.insert(region, r);
+                        // The model starts a region only after it stopped
+                        // the earlier ownership; were one left, it must
+                        // not act on past this point.
+                        if let Some(earlier) = running.insert(region, r) {
+                            earlier.acting.close();
+                        }
                     }
                     Order::Stop { region, epoch } => {
                         finished.remove(&region);
@@ -397,32 +408,34 @@ impl Pipeline {
         let mut handed_over = stop.clone();
         let attempt = self.run_attempt(region, Some(&claimed), stop, left_open);
         let result = attempt.instrument(info_span!("region", region = index, %epoch)).await;
-        let count = |progress: bool| {
+        // Failures in a row of this region (a completed checkpoint resets
+        // it), as the restart strategy counts them.
+        let count = |progress: bool, failed: bool| {
             let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
             let n = attempts.entry(index).or_insert(0u32);
-            *n = if progress { 0 } else { *n + 1 };
+            *n = if progress { 0 } else { *n } + u32::from(failed);
             *n
         };
         match result {
             Ok(last) => {
-                count(true);
+                count(true, false);
                 RegionEnd::Done(last)
             }
-            // Refused for its epoch by the checkpoint store, or failed once
-            // the deadline passed (a sink's own fence refusing it, a call cut
-            // short): the region is someone else's, or about to be.
-            Err(failure) if is_fenced(&failure.error) || !claimed.acting.holds() => RegionEnd::Lost,
+            // Refused for its epoch by the checkpoint store: someone took it.
+            Err(failure) if is_fenced(&failure.error) => RegionEnd::Lost,
             Err(failure) if !failure.retriable => {
                 error!(region = index, error = %crate::ErrorChain(&failure.error), "failed; not retriable");
                 RegionEnd::Fatal(failure.error)
             }
+            // Failed once the deadline passed (a sink's own fence refusing
+            // it, a call cut short): the region is someone else's, or about
+            // to be; no restart is counted.
+            Err(failure) if !claimed.acting.holds() => {
+                warn!(region = index, error = %crate::ErrorChain(&failure.error), "failed after this worker's deadline on the region");
+                RegionEnd::Lost
+            }
             Err(failure) => {
-                let attempt = if failure.made_progress {
-                    count(true);
-                    count(false)
-                } else {
-                    count(false)
-                };
+                let attempt = count(failure.made_progress, true);
                 let Some(delay) = self.config.restart.delay(attempt) else {
                     error!(region = index, attempt, error = %crate::ErrorChain(&failure.error), "failed; restart strategy gives up");
                     return RegionEnd::Fatal(PipelineError::RestartsExhausted {
